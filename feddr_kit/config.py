@@ -1,0 +1,153 @@
+"""``Config``: every setting of a federated run, with defaults at the CPU teaching scale.
+
+The defaults run the paper's central setting shrunk to two CPU cores: real CIFAR-10, 100 clients,
+shards of 2 classes each, 10 clients per round, the small ``cnn``. Paper-scale values are given in
+each field's comment (spec §0). Validation names the bad field and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import FeddrKitError
+
+DATASETS = ("cifar10", "cifar100", "imagefolder", "synthetic")
+PARTITIONS = ("shard", "dirichlet", "iid")
+REGULARIZERS = ("none", "prox", "kd", "ntd", "ld", "fd")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class Config:
+    """One federated run. Every field has a default; ``help`` in the metadata documents it."""
+
+    # data and partition
+    dataset: str = field(default="cifar10", metadata={"help": "cifar10 | cifar100 | imagefolder | synthetic"})
+    data_path: str | None = field(default=None, metadata={"help": "folder with train/ and test/ for dataset=imagefolder"})
+    partition: str = field(default="shard", metadata={"help": "shard | dirichlet | iid"})
+    num_clients: int = field(default=100, metadata={"help": "number of clients K (paper: 100)"})
+    shards_per_client: int = field(default=2, metadata={"help": "classes-shards per client s for partition=shard (paper CIFAR-10: 2, 5, 10)"})
+    alpha: float = field(default=0.1, metadata={"help": "Dirichlet concentration for partition=dirichlet (paper: 0.1-0.3)"})
+    partition_seed: int | None = field(default=None, metadata={"help": "seed of the partition; None uses seed"})
+    # model and algorithm
+    model: str = field(default="cnn", metadata={"help": "cnn | vgg11 | mobilenet (paper: vgg11 for CIFAR-10, mobilenet for CIFAR-100)"})
+    algorithm: str = field(default="feddr+", metadata={"help": "fedavg | fedbabu | dr | feddr+ (see feddr_kit.algorithms.ALGORITHMS)"})
+    regularizer: str | None = field(default=None, metadata={"help": "none | prox | kd | ntd | ld | fd; None = the algorithm's own (fd for feddr+)"})
+    beta: float = field(default=0.9, metadata={"help": "weight of the algorithm's loss in beta*L_alg + (1-beta)*L_reg (paper: 0.9)"})
+    # optimization
+    rounds: int = field(default=40, metadata={"help": "communication rounds (paper: 320)"})
+    clients_per_round: int = field(default=10, metadata={"help": "clients sampled per round (paper: 10 = 10%)"})
+    local_epochs: int = field(default=2, metadata={"help": "local epochs E (paper: 10 on CIFAR-10, 3 on CIFAR-100)"})
+    batch_size: int = field(default=50, metadata={"help": "local batch size (paper: 50)"})
+    lr: float | None = field(default=None, metadata={"help": "initial local learning rate; None = the algorithm's default for the model"})
+    lr_decay_at: tuple[float, ...] = field(default=(0.5, 0.75), metadata={"help": "fractions of the rounds where the lr is multiplied by lr_gamma"})
+    lr_gamma: float = field(default=0.1, metadata={"help": "lr decay factor"})
+    momentum: float = field(default=0.9, metadata={"help": "SGD momentum (reset for every client every round)"})
+    weight_decay: float = field(default=1e-5, metadata={"help": "SGD weight decay"})
+    # evaluation, probes, output
+    eval_every: int = field(default=5, metadata={"help": "evaluate the global model every this many rounds (and at the last)"})
+    probes: bool = field(default=False, metadata={"help": "record the paper's observed/unobserved probes every round"})
+    probe_samples: int = field(default=500, metadata={"help": "class-balanced test images used by the probes"})
+    seed: int = field(default=0, metadata={"help": "seed of model init, client sampling and local batches"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
+    out_dir: str | None = field(default=None, metadata={"help": "folder for config.json, history.csv, summary.json, checkpoint.pt"})
+    checkpoint_every: int = field(default=5, metadata={"help": "rounds between checkpoints when out_dir is set (0: only at the end)"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    # algorithm hyper-parameters (used by the methods that need them)
+    mu: float = field(default=1e-3, metadata={"help": "prox: weight mu of (mu/2)||theta - theta_g||^2"})
+    tau: float = field(default=1.0, metadata={"help": "kd / ntd temperature"})
+    fedexp_eps: float = field(default=1e-3, metadata={"help": "FedExP epsilon (decayed by 0.998^2 per round)"})
+    spherefed_calibration: bool = field(default=False, metadata={"help": "SphereFed closed-form head calibration after training"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lr_decay_at, list):
+            self.lr_decay_at = tuple(self.lr_decay_at)
+        self.validate()
+
+    # ---------------------------------------------------------------- validation
+    def validate(self) -> "Config":
+        """Check every field; raise ``FeddrKitError`` naming the first bad one and the allowed values."""
+        from .algorithms import ALGORITHMS
+        from .models import MODELS
+
+        def choice(name: str, allowed: tuple) -> None:
+            if getattr(self, name) not in allowed:
+                raise FeddrKitError(f"{name} must be one of {', '.join(map(str, allowed))}, got {getattr(self, name)!r}")
+
+        def integer(name: str, low: int, high: float = math.inf) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                rng = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+                raise FeddrKitError(f"{name} must be an integer {rng}, got {v!r}")
+
+        def real(name: str, low: float, high: float, low_open: bool = False) -> None:
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            ok = ok and (low < v if low_open else low <= v) and v <= high
+            if not ok:
+                left = "(" if low_open else "["
+                raise FeddrKitError(f"{name} must be a number in {left}{low}, {high}], got {v!r}")
+
+        choice("dataset", DATASETS)
+        choice("partition", PARTITIONS)
+        choice("model", MODELS)
+        choice("algorithm", tuple(ALGORITHMS))
+        if self.regularizer is not None:
+            choice("regularizer", REGULARIZERS)
+        choice("device", DEVICES)
+        if self.dataset == "imagefolder" and not self.data_path:
+            raise FeddrKitError("data_path must name a folder with train/ and test/ when dataset='imagefolder'")
+        integer("num_clients", 1)
+        integer("shards_per_client", 1)
+        real("alpha", 0.0, math.inf, low_open=True)
+        if self.partition_seed is not None:
+            integer("partition_seed", 0)
+        real("beta", 0.0, 1.0)
+        integer("rounds", 1)
+        integer("clients_per_round", 1, self.num_clients)
+        integer("local_epochs", 1)
+        integer("batch_size", 1)
+        if self.lr is not None:
+            real("lr", 0.0, math.inf, low_open=True)
+        if not all(isinstance(f, (int, float)) and 0 < f < 1 for f in self.lr_decay_at):
+            raise FeddrKitError(f"lr_decay_at must be fractions strictly between 0 and 1, got {self.lr_decay_at!r}")
+        real("lr_gamma", 0.0, 1.0, low_open=True)
+        real("momentum", 0.0, 1.0)
+        if self.momentum >= 1.0:
+            raise FeddrKitError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        real("weight_decay", 0.0, math.inf)
+        integer("eval_every", 1)
+        integer("probe_samples", 1)
+        integer("seed", 0)
+        integer("checkpoint_every", 0)
+        real("mu", 0.0, math.inf)
+        real("tau", 0.0, math.inf, low_open=True)
+        real("fedexp_eps", 0.0, math.inf)
+        return self
+
+    # ---------------------------------------------------------------- conversions
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict of all fields."""
+        d = dataclasses.asdict(self)
+        d["lr_decay_at"] = list(self.lr_decay_at)
+        return d
+
+    def to_json(self) -> str:
+        """The config as indented JSON."""
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Config":
+        """Build a config from a dict; unknown keys are an error naming them."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise FeddrKitError(f"unknown config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+        return cls(**d)
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with some fields changed (validated)."""
+        return Config.from_dict({**self.to_dict(), **changes})

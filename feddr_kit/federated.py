@@ -1,0 +1,415 @@
+"""The round loop: ``run(config) -> Result``.
+
+One round: sample clients from a seeded stream (the same clients for every algorithm under one
+seed), train each from the global state on one reusable local model, accumulate the size-weighted
+average on the fly, let the algorithm turn it into the next global state, evaluate, probe,
+checkpoint. The dataset lives on the training device as uint8 tensors; batches are gathered,
+augmented and normalized there. All local randomness is derived from ``(seed, round, client)``,
+so a resumed run replays exactly what an uninterrupted one would have done.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from . import partition as partition_mod
+from . import probes as probes_mod
+from .algorithms import Algorithm, Batch, ClientContext, get_algorithm
+from .config import Config
+from .data import ImageData, load
+from .errors import FeddrKitError
+from .models import Net, build_model
+from .partition import Partition
+
+CHECKPOINT = "checkpoint.pt"
+# Fields that may differ between a run and its resumption without changing its results.
+RESUMABLE_CHANGES = {"rounds", "progress", "out_dir", "checkpoint_every", "device"}
+
+
+@dataclass
+class Result:
+    """What :func:`run` returns.
+
+    ``history``: one row per evaluated round (columns in DESIGN.md's results format);
+    ``summary``: final / best / last-5 accuracy, seconds per round, …; ``model``: the global model
+    in its reported state; ``partition``, ``algorithm``, ``config`` as used; ``out_dir`` or None.
+    """
+
+    config: Config
+    history: pd.DataFrame
+    summary: dict[str, Any]
+    model: Net
+    algorithm: Algorithm
+    partition: Partition
+    data: ImageData
+    out_dir: Path | None
+
+
+# --------------------------------------------------------------------------- small pure helpers
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` → CUDA when available, else CPU; ``"cuda"`` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise FeddrKitError("device='cuda' was asked for but no CUDA GPU is available; use device='auto' or 'cpu'")
+    return torch.device(name)
+
+
+def lr_at(cfg: Config, lr0: float, round: int) -> float:
+    """Learning rate of round ``round`` (0-based): ``lr0 · γ^(number of milestones ≤ round)``.
+
+    Milestones are ``int(f · rounds)`` for ``f`` in ``cfg.lr_decay_at`` (paper: rounds 160 and 240 of 320).
+    """
+    passed = sum(round >= int(f * cfg.rounds) for f in cfg.lr_decay_at)
+    return lr0 * cfg.lr_gamma**passed
+
+
+def sample_clients(seed: int, round: int, num_clients: int, per_round: int) -> np.ndarray:
+    """The clients of round ``round``: ``per_round`` distinct ids, a pure function of ``(seed, round)``."""
+    return np.random.default_rng([seed, round, 1]).choice(num_clients, per_round, replace=False)
+
+
+def client_generator(seed: int, round: int, client: int, device: torch.device) -> torch.Generator:
+    """The RNG of one client's local training in one round (batch order and augmentation)."""
+    s = int(np.random.SeedSequence([seed, round, client]).generate_state(1, dtype=np.uint64)[0])
+    return torch.Generator(device=device).manual_seed(s)
+
+
+def local_steps(num_samples: int, cfg: Config, mean_client_size: int) -> int:
+    """Local SGD steps of a client (spec §0).
+
+    Shard / iid: ``E`` full epochs, ``E·⌈n/B⌉`` steps. Dirichlet: ``E·⌊(N/K)/B⌋`` random batches
+    whatever the client's own size ``n``, with ``N/K`` = ``mean_client_size``.
+    """
+    if cfg.partition == "dirichlet":
+        return cfg.local_epochs * max(1, mean_client_size // cfg.batch_size)
+    return cfg.local_epochs * math.ceil(num_samples / cfg.batch_size)
+
+
+def local_batches(indices: torch.Tensor, cfg: Config, num_steps: int, gen: torch.Generator) -> Iterator[torch.Tensor]:
+    """Yield ``num_steps`` index batches of one client.
+
+    Shard / iid: shuffled full epochs (the last batch of an epoch may be smaller). Dirichlet: each
+    batch is the first ``B`` of a fresh shuffle, so batches are i.i.d. across steps (spec §0).
+    """
+    n = indices.numel()
+    if cfg.partition == "dirichlet":
+        for _ in range(num_steps):
+            yield indices[torch.randperm(n, generator=gen, device=indices.device)[: cfg.batch_size]]
+        return
+    for _ in range(cfg.local_epochs):
+        yield from indices[torch.randperm(n, generator=gen, device=indices.device)].split(cfg.batch_size)
+
+
+def make_partition(cfg: Config, data: ImageData) -> Partition:
+    """The partition the config asks for, over ``data``'s train and test labels."""
+    seed = cfg.seed if cfg.partition_seed is None else cfg.partition_seed
+    y, ty = data.train_y.cpu(), data.test_y.cpu()
+    if cfg.partition == "shard":
+        return partition_mod.shard(y, ty, cfg.num_clients, cfg.shards_per_client, seed=seed)
+    if cfg.partition == "dirichlet":
+        return partition_mod.dirichlet(y, ty, cfg.num_clients, cfg.alpha, seed=seed)
+    return partition_mod.iid(y, ty, cfg.num_clients, seed=seed)
+
+
+def load_data(cfg: Config) -> ImageData:
+    """Load the config's dataset (``data_path`` for image folders)."""
+    if cfg.dataset == "imagefolder":
+        return load("imagefolder", path=cfg.data_path)
+    return load(cfg.dataset)
+
+
+# --------------------------------------------------------------------------- file output
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """Write a file through ``write(tmp_path)`` then rename it over ``path``: never a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Atomically write ``text`` to ``path``."""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically write ``obj`` as indented JSON (NaN written as null)."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        if isinstance(v, (np.floating, np.integer)):
+            return clean(v.item())
+        return v
+
+    write_text(path, json.dumps(clean(obj), indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def forward_all(model: Net, algo: Algorithm, data: ImageData, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw features ``[N, d]`` and logits ``[N, C]`` of uint8 images ``x`` ``[N,3,H,W]``, in eval mode.
+
+    Models whose BatchNorm uses batch statistics are fed fixed batches of 100 in order (spec §0).
+    """
+    model.eval()
+    bs = 100 if model.batch_stat_norm else 1000
+    hs, zs = [], []
+    for chunk in x.split(bs):
+        h = model.features(data.normalize(chunk)).float()
+        hs.append(h)
+        zs.append(algo.logits(model, h).float())
+    return torch.cat(hs), torch.cat(zs)
+
+
+class Evaluator:
+    """Global test accuracy and the mean over clients of accuracy on each client's local test set."""
+
+    def __init__(self, data: ImageData, part: Partition):
+        self.data = data
+        ids = [np.full(len(t), k) for k, t in enumerate(part.test_indices)]
+        dev = data.test_y.device
+        self.flat_idx = torch.from_numpy(np.concatenate(part.test_indices).astype(np.int64)).to(dev)
+        self.client_of = torch.from_numpy(np.concatenate(ids).astype(np.int64)).to(dev)
+        self.num_clients = part.num_clients
+
+    def __call__(self, model: Net, algo: Algorithm) -> dict[str, float]:
+        _, logits = forward_all(model, algo, self.data, self.data.test_x)
+        correct = (logits.argmax(1) == self.data.test_y).float()
+        # Each client's local test set is a subset of the test set, so one pass serves all of them.
+        hits = torch.bincount(self.client_of, weights=correct[self.flat_idx], minlength=self.num_clients)
+        sizes = torch.bincount(self.client_of, minlength=self.num_clients).clamp(min=1)
+        return {"test_acc": float(correct.mean()), "local_test_acc": float((hits / sizes).mean())}
+
+
+# --------------------------------------------------------------------------- the run
+def run(
+    cfg: Config | None = None,
+    *,
+    resume: bool = False,
+    data: ImageData | None = None,
+    partition: Partition | None = None,
+    callback: Callable[[dict], None] | None = None,
+    **overrides: Any,
+) -> Result:
+    """Run federated training as ``cfg`` says and return a :class:`Result`.
+
+    ``overrides`` replace config fields (``run(cfg, rounds=5)``). ``data`` / ``partition`` reuse
+    already-loaded ones (they must match the config). ``resume=True`` continues from
+    ``out_dir/checkpoint.pt``. ``callback(row)`` is called after every evaluated round with the
+    history row (a dict) — for live plots, or to stop a run by raising.
+    """
+    cfg = (cfg or Config()).replace(**overrides) if overrides else (cfg or Config())
+    device = resolve_device(cfg.device)
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+    if resume and out_dir is None:
+        raise FeddrKitError("resume=True needs out_dir: the folder holding checkpoint.pt")
+
+    data = (data or load_data(cfg)).to(device)
+    part = partition if partition is not None else make_partition(cfg, data)
+    if part.num_clients != cfg.num_clients:
+        raise FeddrKitError(f"partition has {part.num_clients} clients but num_clients={cfg.num_clients}")
+    mean_size = len(data.train_y) // cfg.num_clients
+
+    torch.manual_seed(cfg.seed)
+    algo = get_algorithm(cfg)
+    model = build_model(cfg.model, data.num_classes).to(device)
+    algo.setup(model, cfg.seed)
+    lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
+    teacher = build_model(cfg.model, data.num_classes).to(device).eval()
+    teacher.requires_grad_(False)
+    global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    local_state = model.state_dict()  # views of the live parameters: copy_ into them to load
+
+    start, rows, round_seconds = 0, [], []
+    if resume:
+        start, global_state, rows, round_seconds = _restore(out_dir, cfg, algo, device)
+    if out_dir is not None:
+        write_text(out_dir / "config.json", cfg.to_json() + "\n")
+
+    client_idx = [torch.from_numpy(t.astype(np.int64)).to(device) for t in part.train_indices]
+    counts = torch.from_numpy(part.counts("train")).float().to(device)
+    evaluator = Evaluator(data, part)
+    probe = None
+    if cfg.probes:
+        pidx = probes_mod.probe_indices(data.test_y, cfg.probe_samples, cfg.seed).to(device)
+        probe = (data.test_x[pidx], data.test_y[pidx])
+
+    bar = tqdm(range(start, cfg.rounds), desc=f"{cfg.algorithm}", disable=not cfg.progress,
+               initial=start, total=cfg.rounds, dynamic_ncols=True)
+    for t in bar:
+        t0 = time.perf_counter()
+        lr = lr_at(cfg, lr0, t)
+        clients = sample_clients(cfg.seed, t, cfg.num_clients, cfg.clients_per_round)
+        sizes = np.array([len(part.train_indices[k]) for k in clients], dtype=np.float64)
+        weights = (sizes / sizes.sum()).tolist()
+
+        if algo.needs_teacher or probe is not None:
+            teacher.load_state_dict(global_state)
+        global_view = _probe_view(teacher, algo, data, probe) if probe is not None else None
+
+        average = {k: torch.zeros_like(v) for k, v in global_state.items() if v.is_floating_point()}
+        uploads, losses_, probe_rows = [], [], []
+        for k, w in zip(clients.tolist(), weights):
+            torch._foreach_copy_(list(local_state.values()), [global_state[n] for n in local_state])
+            ctx = ClientContext(client=k, round=t, lr=lr, num_samples=len(part.train_indices[k]),
+                                num_steps=local_steps(len(part.train_indices[k]), cfg, mean_size),
+                                class_counts=counts[k], global_state=global_state)
+            losses_.append(_train_client(model, teacher, algo, data, client_idx[k], ctx, cfg, device))
+            uploads.append(algo.client_end(model, ctx))
+            names = list(average)
+            torch._foreach_add_([average[n] for n in names], [local_state[n].detach() for n in names], alpha=w)
+            if probe is not None:
+                observed = counts[k] > 0
+                probe_rows.append(probes_mod.compare(_probe_view(model, algo, data, probe), global_view, probe[1], observed))
+
+        for n, v in global_state.items():  # integer buffers are not averaged: keep the global ones
+            average.setdefault(n, v.clone())
+        global_state = algo.finalize_global(algo.server_update(global_state, average, uploads, weights, t))
+        seconds = time.perf_counter() - t0
+
+        last = t == cfg.rounds - 1
+        if (t + 1) % cfg.eval_every == 0 or last:
+            model.load_state_dict(algo.eval_state(global_state))
+            row = {"round": t + 1, "lr": lr, **evaluator(model, algo), "train_loss": float(np.mean(losses_))}
+            seconds = time.perf_counter() - t0
+            row["seconds"] = seconds
+            if probe_rows:
+                row.update(pd.DataFrame(probe_rows).mean(skipna=True).to_dict())
+            rows.append(row)
+            bar.set_postfix(acc=f"{row['test_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
+            if callback is not None:
+                callback(dict(row))
+        round_seconds.append(seconds)
+        if out_dir is not None and ((cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or last):
+            _save(out_dir, t + 1, global_state, algo, rows, round_seconds, cfg)
+    bar.close()
+
+    model.load_state_dict(algo.eval_state(global_state))
+    history = pd.DataFrame(rows)
+    summary = summarize(history, round_seconds, cfg, lr0)
+    if out_dir is not None:
+        write_json(out_dir / "summary.json", summary)
+    return Result(cfg, history, summary, model, algo, part, data, out_dir)
+
+
+def _train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx: torch.Tensor,
+                  ctx: ClientContext, cfg: Config, device: torch.device) -> float:
+    """Local training of one client from the already-loaded global state; returns its mean loss."""
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]  # frozen ones never reach the optimizer
+    opt = torch.optim.SGD(params, lr=ctx.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    gen = client_generator(cfg.seed, ctx.round, ctx.client, device)
+    algo.client_start(model, ctx)
+    total, steps = torch.zeros((), device=device), 0
+    for batch_idx in local_batches(idx, cfg, ctx.num_steps, gen):
+        x = data.train_batch(batch_idx, gen)
+        y = data.train_y[batch_idx]
+        h = model.features(x)
+        b = Batch(x=x, y=y, h=h, z=algo.logits(model, h))
+        if algo.needs_teacher:
+            with torch.no_grad():
+                b.h_g = teacher.features(x)
+                b.z_g = algo.logits(teacher, b.h_g)
+        loss = algo.loss(model, b, ctx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        algo.before_step(model, ctx)
+        opt.step()
+        total += loss.detach()
+        steps += 1
+    mean_loss = float(total) / max(steps, 1)
+    if not math.isfinite(mean_loss):
+        raise FloatingPointError(
+            f"round {ctx.round + 1}, client {ctx.client}: the local loss became {mean_loss} at lr={ctx.lr:g}; "
+            "try a smaller learning rate (the last good checkpoint in out_dir is kept)"
+        )
+    return mean_loss
+
+
+def _probe_view(model: Net, algo: Algorithm, data: ImageData, probe) -> probes_mod.ModelView:
+    x, y = probe
+    h, z = forward_all(model, algo, data, x)
+    return probes_mod.view(h, z, model.head.weight.detach().float(), y)
+
+
+def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr0: float) -> dict[str, Any]:
+    """Summary of a run: final / best / mean-of-last-5 accuracy, median seconds per round, the setting."""
+    acc = history["test_acc"]
+    return {
+        "final_acc": float(acc.iloc[-1]),
+        "best_acc": float(acc.max()),
+        "last5_acc": float(acc.tail(5).mean()),
+        "final_local_acc": float(history["local_test_acc"].iloc[-1]),
+        "sec_per_round": float(statistics.median(round_seconds)),
+        "total_seconds": float(sum(round_seconds)),
+        "rounds": int(history["round"].iloc[-1]),
+        "algorithm": cfg.algorithm,
+        "regularizer": cfg.regularizer,
+        "model": cfg.model,
+        "dataset": cfg.dataset,
+        "partition": cfg.partition,
+        "lr": lr0,
+        "seed": cfg.seed,
+    }
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _save(out_dir: Path, next_round: int, global_state: dict, algo: Algorithm, rows: list,
+          round_seconds: list, cfg: Config) -> None:
+    ckpt = {
+        "version": 1,
+        "next_round": next_round,
+        "config": cfg.to_dict(),
+        "global_state": {k: v.cpu() for k, v in global_state.items()},
+        "algorithm_state": algo.state_dict(),
+        "history": rows,
+        "round_seconds": round_seconds,
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": np.random.get_state(),
+    }
+    atomic_write(out_dir / CHECKPOINT, lambda tmp: torch.save(ckpt, tmp))
+    write_text(out_dir / "history.csv", pd.DataFrame(rows).to_csv(index=False))
+
+
+def _restore(out_dir: Path, cfg: Config, algo: Algorithm, device: torch.device):
+    path = out_dir / CHECKPOINT
+    if not path.exists():
+        raise FeddrKitError(f"resume=True but there is no checkpoint at {path}; run without resume first")
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    saved = ckpt["config"]
+    for name, value in cfg.to_dict().items():
+        if name not in RESUMABLE_CHANGES and saved.get(name) != value:
+            raise FeddrKitError(
+                f"resume: config field {name} is {value!r} but the checkpoint was made with {saved.get(name)!r}; "
+                f"only {', '.join(sorted(RESUMABLE_CHANGES))} may change on resume"
+            )
+    if saved["rounds"] != cfg.rounds:
+        warnings.warn(f"resuming with rounds={cfg.rounds} instead of {saved['rounds']}: the lr schedule is recomputed")
+    algo.load_state_dict(ckpt["algorithm_state"])
+    torch.set_rng_state(ckpt["torch_rng"])
+    np.random.set_state(ckpt["numpy_rng"])
+    state = {k: v.to(device) for k, v in ckpt["global_state"].items()}
+    return ckpt["next_round"], state, list(ckpt["history"]), list(ckpt["round_seconds"])

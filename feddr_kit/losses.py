@@ -1,0 +1,90 @@
+"""Loss functions, as pure functions of tensors.
+
+Shapes: ``B`` batch size, ``d`` feature dimension, ``C`` classes. Raw features ``h`` are the
+penultimate activations ``f(x; θ)``; normalized features are ``ĥ = h / max(‖h‖, 1e-12)``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` ``[B, C]`` against labels ``y`` ``[B]``. Returns a scalar."""
+    return F.cross_entropy(logits, y)
+
+
+def cosine_to_class(features: torch.Tensor, V: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``cos(h_i, v_{y_i})`` for each sample: features ``[B, d]``, head ``V`` ``[C, d]``, labels ``[B]`` → ``[B]``."""
+    return F.cosine_similarity(features, V[y], dim=1, eps=1e-12)
+
+
+def dot_regression(features: torch.Tensor, V: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Dot-regression loss of FedDr+: ``mean_i ½ (⟨ĥ_i, v_{y_i}⟩ - 1)²``.
+
+    ``features`` are raw ``[B, d]`` (normalized here); ``V`` ``[C, d]`` has unit-norm rows (the
+    ETF), so the inner product is the cosine. Its gradient only pulls ``ĥ`` toward ``v_y``; there
+    is no push away from other classes. Returns a scalar.
+    """
+    cos = (F.normalize(features, dim=1, eps=1e-12) * V[y]).sum(dim=1)
+    return 0.5 * (cos - 1.0).pow(2).mean()
+
+
+def feature_distillation(features: torch.Tensor, teacher_features: torch.Tensor) -> torch.Tensor:
+    """Feature distillation of FedDr+: mean over batch AND dimensions of ``(h - h_g)²`` on raw features.
+
+    ``features`` and ``teacher_features`` are ``[B, d]``; equals ``nn.MSELoss()(h, h_g)``. Returns a scalar.
+    """
+    return (features - teacher_features).pow(2).mean()
+
+
+def pull_push(features: torch.Tensor, W: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the gradient of the summed cross-entropy w.r.t. the features into pulling and pushing parts.
+
+    With logits ``z_i = W h_i`` and ``p_i = softmax(z_i)`` (paper, appendix B):
+    ``∂L/∂h_i = -(1 - p_{i,y}) w_y + Σ_{c≠y} p_{i,c} w_c``. The first term (``pull``) is the part
+    whose descent step moves ``h_i`` toward its own class vector; the second (``push``) moves it away
+    from the other classes' vectors, weighted by how much probability they take.
+
+    Takes features ``[B, d]``, ``W`` ``[C, d]``, labels ``[B]``; returns ``(pull, push)``, each
+    ``[B, d]``, with ``pull + push`` equal to autograd's gradient of ``sum_i CE(W h_i, y_i)``.
+    """
+    p = torch.softmax(features @ W.T, dim=1)  # [B, C]
+    p_true = p.gather(1, y[:, None])  # [B, 1]
+    pull = -(1.0 - p_true) * W[y]
+    p_others = p.scatter(1, y[:, None], 0.0)
+    push = p_others @ W
+    return pull, push
+
+
+def prox(params: list[torch.Tensor], global_params: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx term ``(μ/2) Σ ‖θ - θ_g‖²`` over matching lists of parameter tensors. Returns a scalar."""
+    return 0.5 * mu * sum((p - g).pow(2).sum() for p, g in zip(params, global_params))
+
+
+def kd(logits: torch.Tensor, teacher_logits: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """Hinton distillation ``τ² · KL(softmax(z_g/τ) ‖ softmax(z/τ))``, averaged over the batch.
+
+    ``logits`` and ``teacher_logits`` are ``[B, C]``; equals ``τ² · KLDivLoss(reduction='batchmean')``.
+    """
+    log_p = F.log_softmax(logits / tau, dim=1)
+    q = F.softmax(teacher_logits / tau, dim=1)
+    return tau**2 * F.kl_div(log_p, q, reduction="batchmean")
+
+
+def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Drop each sample's true-class logit: ``[B, C]`` → ``[B, C-1]``, other classes in their order."""
+    B, C = logits.shape
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    keep[torch.arange(B, device=logits.device), y] = False
+    return logits[keep].view(B, C - 1)
+
+
+def ntd(logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """FedNTD's not-true distillation: :func:`kd` on the logits with the true class removed (spec §6)."""
+    return kd(not_true_logits(logits, y), not_true_logits(teacher_logits, y), tau)
+
+
+def logit_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Logit matching ``mean over batch and classes of (z - z_g)²`` (``nn.MSELoss()``). Returns a scalar."""
+    return (logits - teacher_logits).pow(2).mean()

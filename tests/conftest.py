@@ -1,0 +1,32 @@
+"""Shared pytest setup: where the real data lives, and a session-wide CIFAR-10 fixture."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # so `pytest` works without `pip install -e .`
+    sys.path.insert(0, str(REPO_ROOT))
+
+# The workplace keeps the real CIFAR-10 in ../shared/data (an image folder); use it unless
+# the caller says otherwise.
+os.environ.setdefault("FEDDR_DATA_DIR", str((REPO_ROOT / "../shared/data").resolve()))
+
+
+def cifar10_available() -> bool:
+    """True when $FEDDR_DATA_DIR holds CIFAR-10 (torchvision files or the jpeg folder)."""
+    root = Path(os.environ["FEDDR_DATA_DIR"])
+    return (root / "cifar-10-batches-py").is_dir() or (root / "cifar10-jpeg").is_dir()
+
+
+@pytest.fixture(scope="session")
+def cifar10():
+    """The real CIFAR-10 as ``feddr_kit.data.ImageData`` (skips when it is not on disk)."""
+    if not cifar10_available():
+        pytest.skip(f"real CIFAR-10 not found in FEDDR_DATA_DIR={os.environ['FEDDR_DATA_DIR']} "
+                    "(needs cifar-10-batches-py/ or cifar10-jpeg/)")
+    from feddr_kit import data
+
+    return data.load("cifar10")
