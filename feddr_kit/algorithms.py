@@ -7,16 +7,23 @@ everything else. Register a new method with :func:`register`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from . import heads, losses
 from .config import Config
 from .errors import FeddrKitError
 from .models import Net
+
+if TYPE_CHECKING:
+    from .data import ImageData
+    from .partition import Partition
 
 HEAD_KINDS = ("learned", "random_frozen", "etf", "orthonormal")
 
@@ -69,8 +76,16 @@ class Algorithm:
         self.fixed_head: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ model set-up
+    def adapt_model(self, model: Net) -> None:
+        """Change the architecture in place (FedETF adds a projection and a temperature); default: nothing.
+
+        Called by :meth:`setup`, and by the loop on every other model that loads the global state
+        (the teacher), so all of them have the same parameters. Must not depend on the seed's head.
+        """
+
     def setup(self, model: Net, seed: int) -> None:
-        """Install and freeze the head on the (server's) global model, once, before round 0."""
+        """Adapt the architecture, then install and freeze the head on the global model, once, before round 0."""
+        self.adapt_model(model)
         C, d = model.num_classes, model.feature_dim
         build = {"random_frozen": heads.random_head, "etf": heads.simplex_etf, "orthonormal": heads.orthonormal_head}
         if self.head in build:
@@ -162,6 +177,14 @@ class Algorithm:
         """The state that is evaluated and reported (FedExP averages the last two iterates)."""
         return global_state
 
+    def after_training(self, model: Net, global_state: dict[str, torch.Tensor], data: "ImageData",
+                       partition: "Partition") -> None:
+        """Called once after the last round's aggregation, before its evaluation (SphereFed calibration).
+
+        ``model`` is a scratch model of the right architecture that may be overwritten. Whatever
+        changes the reported model must go through :meth:`eval_state` and :meth:`state_dict`.
+        """
+
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict:
         """Server/client state to checkpoint (beyond the global model)."""
@@ -236,3 +259,304 @@ def algorithm_names() -> list[str]:
     return list(ALGORITHMS)
 
 
+# --------------------------------------------------------------------------- baselines (issue 4)
+def effective_steps(num_steps: int, momentum: float) -> float:
+    """SCAFFOLD's momentum-corrected step count ``K_eff = (K - ρ(1-ρ^K)/(1-ρ)) / (1-ρ)`` (spec §5).
+
+    Heavy-ball SGD with momentum ``ρ`` moves a constant gradient ``g`` by ``η·K_eff·g`` in ``K``
+    steps, so dividing ``x - y`` by ``K_eff·η`` recovers the mean corrected gradient. ``ρ = 0`` gives ``K``.
+    """
+    if momentum == 0.0:
+        return float(num_steps)
+    rho = momentum
+    return (num_steps - rho * (1.0 - rho**num_steps) / (1.0 - rho)) / (1.0 - rho)
+
+
+@register
+class Scaffold(Algorithm):
+    """SCAFFOLD, option II control variates, server step size 1 (spec §5).
+
+    State: the server's ``c`` and every client's ``c_i`` (trainable parameters only, zero at the
+    start; a client that never took part has ``c_i = 0`` and is not stored). Each local gradient
+    becomes ``g - c_i + c`` before the SGD step (momentum and weight decay are then applied by SGD,
+    as in [REF]). After ``K`` steps at lr ``η``: ``c_i⁺ = c_i - c + (x - y)/(K_eff·η)``; the client
+    uploads ``Δc_i = c_i⁺ - c_i``; the server sets ``x`` to the weighted average and ``c ← c + (1/N)Σ Δc_i``.
+    """
+
+    name = "scaffold"
+    default_lr = _CE_LR
+    # [REF] zeroes the cross-entropy gradient of the head (spec §5 pitfall); off, as the spec recommends.
+    zero_head_grad: ClassVar[bool] = False
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self.names: list[str] = []
+        self.c: dict[str, torch.Tensor] = {}
+        self.c_clients: dict[int, dict[str, torch.Tensor]] = {}
+        self.device = torch.device("cpu")
+
+    def setup(self, model: Net, seed: int) -> None:
+        super().setup(model, seed)
+        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in trainable]
+        self.c = {n: torch.zeros_like(p, requires_grad=False) for n, p in trainable}
+        self.device = trainable[0][1].device
+
+    def client_variate(self, client: int) -> dict[str, torch.Tensor]:
+        """``c_i`` of one client (zeros when it has not trained yet); shapes as the parameters."""
+        if client in self.c_clients:
+            return self.c_clients[client]
+        return {n: torch.zeros_like(v) for n, v in self.c.items()}
+
+    def client_start(self, model: Net, ctx: ClientContext) -> None:
+        params = dict(model.named_parameters())
+        c_i = self.client_variate(ctx.client)
+        ctx.extra["scaffold_params"] = [params[n] for n in self.names]
+        ctx.extra["scaffold_correction"] = [self.c[n] - c_i[n] for n in self.names]
+        ctx.extra["scaffold_steps"] = 0
+
+    def before_step(self, model: Net, ctx: ClientContext) -> None:
+        for n, p, corr in zip(self.names, ctx.extra["scaffold_params"], ctx.extra["scaffold_correction"]):
+            if p.grad is None:  # a parameter the loss did not reach still gets the correction
+                p.grad = corr.clone()
+                continue
+            if self.zero_head_grad and n == "head.weight":
+                p.grad.zero_()
+            p.grad.add_(corr)
+        ctx.extra["scaffold_steps"] += 1
+
+    @torch.no_grad()
+    def client_end(self, model: Net, ctx: ClientContext) -> dict:
+        c_i = self.client_variate(ctx.client)
+        steps = ctx.extra["scaffold_steps"]
+        if steps == 0:
+            return {"delta_c": {n: torch.zeros_like(v) for n, v in c_i.items()}}
+        scale = 1.0 / (effective_steps(steps, self.cfg.momentum) * ctx.lr)
+        new, delta = {}, {}
+        for n, y in zip(self.names, ctx.extra["scaffold_params"]):
+            new[n] = c_i[n] - self.c[n] + (ctx.global_state[n] - y.detach()) * scale
+            delta[n] = new[n] - c_i[n]
+        self.c_clients[ctx.client] = new  # c_i belongs to the client: it is replaced as soon as it trains
+        return {"delta_c": delta}
+
+    @torch.no_grad()
+    def server_update(self, global_state, average, uploads, weights, round):
+        for n in self.names:
+            self.c[n] += sum(u["delta_c"][n] for u in uploads) / self.cfg.num_clients
+        return average
+
+    def state_dict(self) -> dict:
+        return {"c": self.c, "c_clients": self.c_clients}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.c = {n: v.to(self.device) for n, v in state["c"].items()}
+        self.c_clients = {int(k): {n: v.to(self.device) for n, v in ci.items()} for k, ci in state["c_clients"].items()}
+
+
+@register
+class FedNTD(Algorithm):
+    """FedNTD: ``CE + β_ntd·L_NTD`` with the round's global model as teacher (spec §6).
+
+    ``L_NTD`` is the distillation on the not-true logits (:func:`losses.ntd`) at temperature
+    ``Config.tau`` (default 1, as FedNTD's configs; not the ``NTD_Loss`` class default 3), with
+    weight ``β_ntd = 1`` added to CE — unlike ``regularizer="ntd"``, the convex ``β·L + (1-β)·L_NTD``.
+    """
+
+    name = "fedntd"
+    default_lr = _CE_LR
+    ntd_weight: ClassVar[float] = 1.0
+
+    @property
+    def needs_teacher(self) -> bool:
+        return True
+
+    def task_loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
+        return losses.cross_entropy(b.z, b.y) + self.ntd_weight * losses.ntd(b.z, b.z_g, b.y, self.cfg.tau)
+
+
+def fedexp_server_lr(mean_sq_norm: float, sq_norm_of_mean: float, num_clients: int, eps: float) -> float:
+    """FedExP's server step ``η_g = max(1, 0.5·A / (‖Δ̄‖² + |S|·ε))`` (official code form, spec §7).
+
+    ``mean_sq_norm`` is ``A = Σ p_i ‖Δ_i‖²``, ``sq_norm_of_mean`` is ``‖Σ p_i Δ_i‖²``, ``num_clients``
+    is ``|S|``. When every update is zero and ``ε = 0`` the step is 1.
+    """
+    denominator = sq_norm_of_mean + num_clients * eps
+    if denominator <= 0.0:
+        return 1.0
+    return max(1.0, 0.5 * mean_sq_norm / denominator)
+
+
+@register
+class FedExP(Algorithm):
+    """FedExP: FedAvg clients, an extrapolated server step, and the last two iterates averaged for reporting (spec §7).
+
+    Over parameters: ``x ← x + η_g·Δ̄`` with :func:`fedexp_server_lr`; buffers take the plain average.
+    ``ε`` starts at ``Config.fedexp_eps`` and is multiplied by ``0.998²`` at the start of every round
+    (before use, as the official code). The local lr is NOT decayed by 0.998 per round: the kit's lr
+    schedule is global and shared by all methods, as in [REF]. :meth:`eval_state` reports
+    ``(x_{t+1} + x_t)/2`` (after the first round: ``x_1``, as the official code); training continues
+    from ``x_{t+1}``. ``eta_g`` holds the step of every round so far.
+    """
+
+    name = "fedexp"
+    default_lr = _CE_LR
+    eps_decay: ClassVar[float] = 0.998**2
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self.eps = float(cfg.fedexp_eps)
+        self.param_names: list[str] = []
+        self.previous: dict[str, torch.Tensor] | None = None  # x_t, the iterate before the latest step
+        self.eta_g: list[float] = []
+        self.device = torch.device("cpu")
+
+    @property
+    def last_eta_g(self) -> float:
+        """The server step of the latest round (NaN before the first)."""
+        return self.eta_g[-1] if self.eta_g else math.nan
+
+    def setup(self, model: Net, seed: int) -> None:
+        super().setup(model, seed)
+        self.param_names = [n for n, _ in model.named_parameters()]
+        self.device = model.head.weight.device
+
+    @torch.no_grad()
+    def client_end(self, model: Net, ctx: ClientContext) -> dict:
+        sq = sum(float((p.detach() - ctx.global_state[n]).double().pow(2).sum()) for n, p in model.named_parameters())
+        return {"delta_sq_norm": sq}
+
+    @torch.no_grad()
+    def server_update(self, global_state, average, uploads, weights, round):
+        self.eps *= self.eps_decay
+        delta = {n: average[n] - global_state[n] for n in self.param_names}
+        sq_norm_of_mean = sum(float(d.double().pow(2).sum()) for d in delta.values())
+        mean_sq_norm = sum(w * u["delta_sq_norm"] for u, w in zip(uploads, weights)) / sum(weights)
+        eta = fedexp_server_lr(mean_sq_norm, sq_norm_of_mean, len(uploads), self.eps)
+        self.eta_g.append(eta)
+        self.previous = {n: global_state[n].clone() for n in self.param_names} if round > 0 else None
+        new = dict(average)
+        for n in self.param_names:
+            new[n] = global_state[n] + eta * delta[n]
+        return new
+
+    def eval_state(self, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.previous is None:
+            return global_state
+        out = dict(global_state)
+        for n, prev in self.previous.items():
+            out[n] = (global_state[n] + prev) / 2
+        return out
+
+    def state_dict(self) -> dict:
+        return {"eps": self.eps, "previous": self.previous, "eta_g": list(self.eta_g)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.eps = float(state["eps"])
+        prev = state["previous"]
+        self.previous = None if prev is None else {n: v.to(self.device) for n, v in prev.items()}
+        self.eta_g = list(state["eta_g"])
+
+
+@register
+class SphereFed(Algorithm):
+    """SphereFed: normalized features, a fixed orthonormal head, MSE to one-hot on ``z = W·ĥ`` (spec §8).
+
+    With ``Config.spherefed_calibration`` the reported head is replaced after the last round by the
+    ridge solution ``W*ᵀ = (Σ_k G_k + λI)⁻¹ Σ_k B_k`` with ``G_k = Σ ĥĥᵀ`` ``[d, d]`` and ``B_k = Σ ĥ e_yᵀ``
+    ``[d, C]`` over every client's (un-augmented) training images; ``λ = calibration_ridge · tr(G)/d``,
+    i.e. 0.1 % of G's mean eigenvalue (the spec leaves λ open). Training itself never sees ``W*``.
+    """
+
+    name = "spherefed"
+    head = "orthonormal"
+    normalize_features = True
+    default_lr = {"cnn": 0.3, "vgg11": 0.55, "mobilenet": 6.5}  # cnn: provisional, before the lr grid
+    calibration_ridge: ClassVar[float] = 1e-3
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        self.calibrated_head: torch.Tensor | None = None
+
+    def task_loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
+        return losses.mse_to_onehot(b.z, b.y)
+
+    def server_update(self, global_state, average, uploads, weights, round):
+        self.calibrated_head = None  # a run resumed with more rounds calibrates again at its new end
+        return average
+
+    @torch.no_grad()
+    def after_training(self, model: Net, global_state, data: "ImageData", partition: "Partition") -> None:
+        if not self.cfg.spherefed_calibration:
+            return
+        model.load_state_dict(global_state)
+        model.eval()
+        device = data.train_x.device
+        d, C = model.feature_dim, model.num_classes
+        G = torch.zeros(d, d, dtype=torch.float64, device=device)
+        B = torch.zeros(d, C, dtype=torch.float64, device=device)
+        for indices in partition.train_indices:  # each client's (G_k, B_k), summed by the server
+            idx = torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(device)
+            for chunk in idx.split(100):  # fixed batches, for batch-statistics BatchNorm
+                h = F.normalize(model.features(data.normalize(data.train_x[chunk])).double(), dim=1, eps=1e-12)
+                G += h.T @ h
+                B.index_add_(1, data.train_y[chunk], h.T)
+        ridge = self.calibration_ridge * float(G.trace()) / d
+        eye = torch.eye(d, dtype=torch.float64, device=device)
+        self.calibrated_head = torch.linalg.solve(G + ridge * eye, B).T.to(torch.float32).contiguous()
+
+    def eval_state(self, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.calibrated_head is None:
+            return global_state
+        return {**global_state, "head.weight": self.calibrated_head.to(global_state["head.weight"].device)}
+
+    def state_dict(self) -> dict:
+        return {"calibrated_head": self.calibrated_head}
+
+    def load_state_dict(self, state: dict) -> None:
+        head = state.get("calibrated_head")
+        self.calibrated_head = None if head is None else head.to(self.fixed_head.device)
+
+
+class Projected(nn.Module):
+    """A backbone followed by a bias-free linear projection: ``x`` → ``projection(backbone(x))`` ``[B, out_dim]``."""
+
+    def __init__(self, backbone: nn.Module, in_dim: int, out_dim: int):
+        super().__init__()
+        self.backbone = backbone
+        self.projection = nn.Linear(in_dim, out_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projection(self.backbone(x))
+
+
+@register
+class FedETF(Algorithm):
+    """FedETF: projection to C dims, normalization, a fixed simplex ETF and a learned temperature (spec §9).
+
+    :meth:`adapt_model` wraps the body with a bias-free ``Linear(d, C)`` ([REF]), so ``model.features``
+    returns the projected feature ``[B, C]`` and ``model.feature_dim == C``; the head becomes a
+    ``[C, C]`` ETF and ``model.temperature`` a learned scalar β (init 1, averaged like any weight).
+    Logits ``z = β·V·ĥ``; loss: balanced softmax ``CE(z + log n_c, y)`` with the client's train counts,
+    zero counts clamped to 1 ([ORIG]).
+    """
+
+    name = "fedetf"
+    head = "etf"
+    normalize_features = True
+    default_lr = {"cnn": 0.03, "vgg11": 0.05, "mobilenet": 0.5}  # cnn: provisional, before the lr grid
+    temperature_init: ClassVar[float] = 1.0
+
+    def adapt_model(self, model: Net) -> None:
+        if isinstance(model.body, Projected):
+            return
+        C, d, device = model.num_classes, model.feature_dim, model.head.weight.device
+        model.body = Projected(model.body, d, C).to(device)
+        model.feature_dim = C
+        model.head = nn.Linear(C, C, bias=False).to(device)
+        model.temperature = nn.Parameter(torch.full((), self.temperature_init, device=device))
+
+    def logits(self, model: Net, h: torch.Tensor) -> torch.Tensor:
+        return model.temperature * super().logits(model, h)
+
+    def task_loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
+        return losses.balanced_softmax(b.z, b.y, ctx.class_counts)

@@ -34,7 +34,7 @@ class Config:
     partition_seed: int | None = field(default=None, metadata={"help": "seed of the partition; None uses seed"})
     # model and algorithm
     model: str = field(default="cnn", metadata={"help": "cnn | vgg11 | mobilenet (paper: vgg11 for CIFAR-10, mobilenet for CIFAR-100)"})
-    algorithm: str = field(default="feddr+", metadata={"help": "fedavg | fedbabu | dr | feddr+ (see feddr_kit.algorithms.ALGORITHMS)"})
+    algorithm: str = field(default="feddr+", metadata={"help": "fedavg | fedbabu | scaffold | fedntd | fedexp | spherefed | fedetf | dr | feddr+"})
     regularizer: str | None = field(default=None, metadata={"help": "none | prox | kd | ntd | ld | fd; None = the algorithm's own (fd for feddr+)"})
     beta: float = field(default=0.9, metadata={"help": "weight of the algorithm's loss in beta*L_alg + (1-beta)*L_reg (paper: 0.9)"})
     # optimization
@@ -49,7 +49,7 @@ class Config:
     weight_decay: float = field(default=1e-5, metadata={"help": "SGD weight decay"})
     # evaluation, probes, output
     eval_every: int = field(default=5, metadata={"help": "evaluate the global model every this many rounds (and at the last)"})
-    probes: bool = field(default=False, metadata={"help": "record the paper's observed/unobserved probes every round"})
+    probes: bool = field(default=False, metadata={"help": "record the paper's observed/unobserved probes at every evaluated round"})
     probe_samples: int = field(default=500, metadata={"help": "class-balanced test images used by the probes"})
     seed: int = field(default=0, metadata={"help": "seed of model init, client sampling and local batches"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})

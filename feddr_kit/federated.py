@@ -223,6 +223,10 @@ def run(
     """
     cfg = (cfg or Config()).replace(**overrides) if overrides else (cfg or Config())
     device = resolve_device(cfg.device)
+    if device.type == "cuda":  # TF32 matmuls/convolutions: float32 results up to noise, much faster
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
     out_dir = Path(cfg.out_dir) if cfg.out_dir else None
     if resume and out_dir is None:
         raise FeddrKitError("resume=True needs out_dir: the folder holding checkpoint.pt")
@@ -238,8 +242,9 @@ def run(
     model = build_model(cfg.model, data.num_classes).to(device)
     algo.setup(model, cfg.seed)
     lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
-    teacher = build_model(cfg.model, data.num_classes).to(device).eval()
-    teacher.requires_grad_(False)
+    teacher = build_model(cfg.model, data.num_classes).to(device)
+    algo.adapt_model(teacher)  # same architecture as the global model (FedETF's projection)
+    teacher.eval().requires_grad_(False)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     local_state = model.state_dict()  # views of the live parameters: copy_ into them to load
 
@@ -266,9 +271,11 @@ def run(
         sizes = np.array([len(part.train_indices[k]) for k in clients], dtype=np.float64)
         weights = (sizes / sizes.sum()).tolist()
 
-        if algo.needs_teacher or probe is not None:
+        evaluating = (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1
+        probing = probe is not None and evaluating  # probes are recorded with the evaluated rounds only
+        if algo.needs_teacher or probing:
             teacher.load_state_dict(global_state)
-        global_view = _probe_view(teacher, algo, data, probe) if probe is not None else None
+        global_view = _probe_view(teacher, algo, data, probe) if probing else None
 
         average = {k: torch.zeros_like(v) for k, v in global_state.items() if v.is_floating_point()}
         uploads, losses_, probe_rows = [], [], []
@@ -281,17 +288,18 @@ def run(
             uploads.append(algo.client_end(model, ctx))
             names = list(average)
             torch._foreach_add_([average[n] for n in names], [local_state[n].detach() for n in names], alpha=w)
-            if probe is not None:
+            if probing:
                 observed = counts[k] > 0
                 probe_rows.append(probes_mod.compare(_probe_view(model, algo, data, probe), global_view, probe[1], observed))
 
         for n, v in global_state.items():  # integer buffers are not averaged: keep the global ones
             average.setdefault(n, v.clone())
         global_state = algo.finalize_global(algo.server_update(global_state, average, uploads, weights, t))
+        if t == cfg.rounds - 1:
+            algo.after_training(model, global_state, data, part)  # e.g. SphereFed's head calibration
         seconds = time.perf_counter() - t0
 
-        last = t == cfg.rounds - 1
-        if (t + 1) % cfg.eval_every == 0 or last:
+        if evaluating:
             model.load_state_dict(algo.eval_state(global_state))
             row = {"round": t + 1, "lr": lr, **evaluator(model, algo), "train_loss": float(np.mean(losses_))}
             seconds = time.perf_counter() - t0
@@ -303,7 +311,7 @@ def run(
             if callback is not None:
                 callback(dict(row))
         round_seconds.append(seconds)
-        if out_dir is not None and ((cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or last):
+        if out_dir is not None and ((cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.rounds - 1):
             _save(out_dir, t + 1, global_state, algo, rows, round_seconds, cfg)
     bar.close()
 
@@ -313,6 +321,28 @@ def run(
     if out_dir is not None:
         write_json(out_dir / "summary.json", summary)
     return Result(cfg, history, summary, model, algo, part, data, out_dir)
+
+
+def local_step(model: Net, teacher: Net | None, algo: Algorithm, opt: torch.optim.Optimizer,
+               x: torch.Tensor, y: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
+    """One local SGD step on a normalized batch ``x`` ``[B,3,H,W]`` with labels ``y`` ``[B]``.
+
+    Forward, the teacher's features/logits when the algorithm needs them (``teacher`` holds the
+    round's global model), the algorithm's loss, backward, its gradient hook, the optimizer step.
+    Returns the detached loss (a scalar tensor).
+    """
+    h = model.features(x)
+    b = Batch(x=x, y=y, h=h, z=algo.logits(model, h))
+    if algo.needs_teacher:
+        with torch.no_grad():
+            b.h_g = teacher.features(x)
+            b.z_g = algo.logits(teacher, b.h_g)
+    loss = algo.loss(model, b, ctx)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    algo.before_step(model, ctx)
+    opt.step()
+    return loss.detach()
 
 
 def _train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx: torch.Tensor,
@@ -325,20 +355,7 @@ def _train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, id
     algo.client_start(model, ctx)
     total, steps = torch.zeros((), device=device), 0
     for batch_idx in local_batches(idx, cfg, ctx.num_steps, gen):
-        x = data.train_batch(batch_idx, gen)
-        y = data.train_y[batch_idx]
-        h = model.features(x)
-        b = Batch(x=x, y=y, h=h, z=algo.logits(model, h))
-        if algo.needs_teacher:
-            with torch.no_grad():
-                b.h_g = teacher.features(x)
-                b.z_g = algo.logits(teacher, b.h_g)
-        loss = algo.loss(model, b, ctx)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        algo.before_step(model, ctx)
-        opt.step()
-        total += loss.detach()
+        total += local_step(model, teacher, algo, opt, data.train_batch(batch_idx, gen), data.train_y[batch_idx], ctx)
         steps += 1
     mean_loss = float(total) / max(steps, 1)
     if not math.isfinite(mean_loss):

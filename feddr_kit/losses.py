@@ -88,3 +88,21 @@ def ntd(logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor, tau
 def logit_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """Logit matching ``mean over batch and classes of (z - z_g)²`` (``nn.MSELoss()``). Returns a scalar."""
     return (logits - teacher_logits).pow(2).mean()
+
+
+def mse_to_onehot(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """SphereFed's loss ``nn.MSELoss()(z, onehot(y))`` = ``(1/(B·C)) Σ_i ‖z_i - e_{y_i}‖²`` (spec §8).
+
+    ``logits`` ``[B, C]``, labels ``y`` ``[B]``. Returns a scalar.
+    """
+    return (logits - F.one_hot(y, logits.shape[1]).to(logits.dtype)).pow(2).mean()
+
+
+def balanced_softmax(logits: torch.Tensor, y: torch.Tensor, class_counts: torch.Tensor) -> torch.Tensor:
+    """FedETF's balanced softmax ``CE(z + log n, y)`` with the client's label counts ``n`` (spec §9).
+
+    ``logits`` ``[B, C]``, labels ``y`` ``[B]``, ``class_counts`` ``[C]``. Counts of 0 are replaced by 1
+    (FedETF's own code), so an absent class keeps its plain logit. Returns a scalar.
+    """
+    log_prior = class_counts.to(logits.dtype).clamp(min=1.0).log()
+    return F.cross_entropy(logits + log_prior, y)
