@@ -240,7 +240,7 @@ class DotRegression(Algorithm):
     name = "dr"
     head = "etf"
     normalize_features = True
-    default_lr = {"cnn": 0.1, "vgg11": 0.35, "mobilenet": 5.0}
+    default_lr = {"cnn": 0.03, "vgg11": 0.35, "mobilenet": 5.0}  # cnn: results/lr_grid.csv
 
     def task_loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
         return losses.dot_regression(b.h, model.head.weight, b.y)
@@ -470,7 +470,7 @@ class SphereFed(Algorithm):
     name = "spherefed"
     head = "orthonormal"
     normalize_features = True
-    default_lr = {"cnn": 0.3, "vgg11": 0.55, "mobilenet": 6.5}  # cnn: provisional, before the lr grid
+    default_lr = {"cnn": 0.1, "vgg11": 0.55, "mobilenet": 6.5}  # cnn: results/lr_grid.csv
     calibration_ridge: ClassVar[float] = 1e-3
 
     def __init__(self, cfg: Config):
@@ -543,7 +543,7 @@ class FedETF(Algorithm):
     name = "fedetf"
     head = "etf"
     normalize_features = True
-    default_lr = {"cnn": 0.03, "vgg11": 0.05, "mobilenet": 0.5}  # cnn: provisional, before the lr grid
+    default_lr = {"cnn": 0.01, "vgg11": 0.05, "mobilenet": 0.5}  # cnn: results/lr_grid.csv
     temperature_init: ClassVar[float] = 1.0
 
     def adapt_model(self, model: Net) -> None:

@@ -204,12 +204,18 @@ def data_dir(root: str | Path | None = None) -> Path:
 
     A relative ``$FEDDR_DATA_DIR`` (CI uses ``../shared/data``) is taken from the current
     folder, or from the repo root when it only exists there (notebooks run in notebooks/).
+    With neither set, a ``shared/data`` folder beside the repository is used when the repo's
+    ``data/`` holds no dataset yet (an offline workplace's copy of CIFAR-10).
     """
     if root is not None:
         return Path(root).expanduser()
     env = os.environ.get("FEDDR_DATA_DIR")
     if not env:
-        return REPO_ROOT / "data"
+        own, shared = REPO_ROOT / "data", REPO_ROOT.parent / "shared" / "data"
+        known = [f for folders in _TORCHVISION.values() for f in folders[1:]]
+        if shared.is_dir() and not any((own / f).exists() for f in known):
+            return shared
+        return own
     folder = Path(env).expanduser()
     if not folder.is_absolute() and not folder.exists() and (REPO_ROOT / folder).exists():
         return REPO_ROOT / folder

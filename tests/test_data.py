@@ -497,3 +497,15 @@ def test_augment_rejects_non_uint8_batches(noise_data, bad):
 def test_normalize_rejects_float_input(noise_data):
     with pytest.raises(FeddrKitError, match=r"^x_uint8: expected a uint8 tensor"):
         noise_data.normalize(torch.zeros(1, 3, 32, 32))
+
+
+def test_unset_data_dir_prefers_the_repo_data_then_a_shared_copy_beside_the_repo(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    monkeypatch.setattr(data, "REPO_ROOT", repo)
+    monkeypatch.delenv("FEDDR_DATA_DIR", raising=False)
+    assert data.data_dir() == repo / "data"  # nothing beside the repo
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    assert data.data_dir() == tmp_path / "shared" / "data"  # repo data/ is empty: the shared copy
+    (repo / "data" / "cifar10-jpeg").mkdir()
+    assert data.data_dir() == repo / "data"  # a dataset of its own wins
