@@ -1,0 +1,308 @@
+"""Small computations behind the teaching figures of notebooks 01-04.
+
+Chapter 01 treats a feature ``h`` as a free 2-D vector in front of a fixed classifier ``V``
+(``[C, 2]``, one row per class) and asks which way each loss pushes it: the cross-entropy force
+split into its pulling and pushing parts (:func:`ce_forces`), the dot-regression force
+(:func:`dr_force`), and where plain gradient descent on ``h`` takes it (:func:`descent_trajectory`).
+Chapter 02 compares heads by their pairwise cosines (:func:`pairwise_cosines`,
+:func:`head_cosine_table`). Chapters 03/04 summarize probe columns of run histories
+(:func:`probe_table`) and can train one round of local models from one shared global model
+(:func:`local_round_probes`).
+
+Everything returns plain tensors / DataFrames; the figures are in :mod:`feddr_kit.plots`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from . import heads, losses
+from .errors import FeddrKitError
+
+
+# --------------------------------------------------------------------------- chapter 01: 2-D forces
+def circle_head(num_classes: int, rotation: float = 90.0) -> torch.Tensor:
+    """``C`` unit class vectors evenly spaced on the circle, float64 ``[C, 2]``.
+
+    Class ``c`` points at angle ``rotation + 360·c/C`` degrees. For ``C = 3`` this is a simplex
+    ETF (pairwise cosines ``-1/2``); for ``C = 4`` it is a "cross" (cosines 0 and -1), which is
+    not an ETF: a 4-class ETF needs 3 dimensions (chapter 02).
+    """
+    if not isinstance(num_classes, int) or num_classes < 2:
+        raise FeddrKitError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    angles = torch.deg2rad(torch.tensor(rotation, dtype=torch.float64)
+                           + 360.0 * torch.arange(num_classes, dtype=torch.float64) / num_classes)
+    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=1)
+
+
+def feature_grid(extent: float = 2.0, n: int = 11) -> torch.Tensor:
+    """An ``n × n`` grid of 2-D feature points in ``[-extent, extent]²``, float64 ``[n·n, 2]``."""
+    if n < 2 or extent <= 0:
+        raise FeddrKitError(f"feature_grid needs n >= 2 and extent > 0, got n={n!r}, extent={extent!r}")
+    ticks = torch.linspace(-extent, extent, n, dtype=torch.float64)
+    gx, gy = torch.meshgrid(ticks, ticks, indexing="xy")
+    return torch.stack([gx.reshape(-1), gy.reshape(-1)], dim=1)
+
+
+def _labels(points: torch.Tensor, y: int) -> torch.Tensor:
+    return torch.full((points.shape[0],), int(y), dtype=torch.long)
+
+
+def ce_forces(points: torch.Tensor, V: torch.Tensor, y: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pulling and pushing *forces* of cross-entropy on features ``points`` ``[P, d]`` of class ``y``.
+
+    A force is minus the gradient (the direction a descent step moves the feature), so with
+    ``(pull, push) = fk.losses.pull_push(...)``: ``F_pull = -pull = (1 - p_y) v_y`` and
+    ``F_push = -push = -Σ_{c≠y} p_c v_c``. Returns ``(F_pull, F_push)``, each ``[P, d]``.
+    """
+    pull, push = losses.pull_push(points, V, _labels(points, y))
+    return -pull, -push
+
+
+def dr_force(points: torch.Tensor, V: torch.Tensor, y: int) -> torch.Tensor:
+    """Minus the gradient of the dot-regression loss ``½(cos(h, v_y) - 1)²`` at each feature, ``[P, d]``.
+
+    Computed with autograd on :func:`feddr_kit.losses.dot_regression` (summed over points, so each
+    row is that point's own gradient). It depends on ``v_y`` only: there is no pushing part.
+    """
+    h = points.detach().clone().requires_grad_(True)
+    loss = losses.dot_regression(h, V.to(h.dtype), _labels(points, y)) * points.shape[0]
+    (grad,) = torch.autograd.grad(loss, h)
+    return -grad
+
+
+def alignment_force_vs_norm(V: torch.Tensor, y: int = 0, offset_deg: float = 30.0,
+                             norms=(0.5, 1, 2, 3, 4, 6, 8, 10)) -> pd.DataFrame:
+    """How hard each loss still rotates a feature toward ``v_y`` once it is already roughly right.
+
+    The feature sits ``offset_deg`` degrees away from ``v_y`` (rotated in the plane of the first two
+    coordinates; ``V`` is ``[C, 2]``) at several norms. For each norm, the component of the
+    force (minus the gradient) that turns the feature toward ``v_y`` — the part that changes the
+    alignment — is computed for cross-entropy (``ce``) and dot-regression (``dr``), together
+    with ``p_y``. Returns one row per norm: ``norm``, ``offset_deg``, ``p_true``, ``ce``, ``dr``.
+    """
+    V = V.to(torch.float64)
+    if V.shape[1] != 2:
+        raise FeddrKitError(f"V must be [C, 2], got {tuple(V.shape)}")
+    a = math.atan2(float(V[y, 1]), float(V[y, 0])) + math.radians(offset_deg)
+    u = torch.tensor([[math.cos(a), math.sin(a)]], dtype=torch.float64)
+    tangent = torch.tensor([[math.sin(a), -math.cos(a)]], dtype=torch.float64)  # turns u toward v_y
+    if float((tangent * V[y]).sum()) < 0:
+        tangent = -tangent
+    rows = []
+    for r in norms:
+        h = r * u
+        F_pull, F_push = ce_forces(h, V, y)
+        ce = float(((F_pull + F_push) * tangent).sum())
+        dr = float((dr_force(h, V, y) * tangent).sum())
+        p = torch.softmax(h @ V.T, dim=1)[0, y]
+        rows.append({"norm": float(r), "offset_deg": float(offset_deg), "p_true": float(p), "ce": ce, "dr": dr})
+    return pd.DataFrame(rows)
+
+
+def descent_trajectory(h0, V: torch.Tensor, y: int, loss: str = "ce", lr: float = 0.5,
+                       steps: int = 30) -> pd.DataFrame:
+    """Plain gradient descent on a single feature ``h`` (the network is left out) under one loss.
+
+    ``h0`` is the start ``[d]``; ``loss`` is ``"ce"`` (cross-entropy of logits ``V h``) or ``"dr"``
+    (dot-regression). Returns one row per step ``0..steps`` with the feature's coordinates
+    (``h0``, ``h1``, …), its norm, its cosine to the true class ``cos_true`` and its largest
+    cosine to any other class ``cos_other_max``.
+    """
+    if loss not in ("ce", "dr"):
+        raise FeddrKitError(f"loss must be 'ce' or 'dr', got {loss!r}")
+    V = V.to(torch.float64)
+    h = torch.as_tensor(h0, dtype=torch.float64).reshape(1, -1).clone()
+    label = torch.tensor([int(y)])
+    others = [c for c in range(V.shape[0]) if c != int(y)]
+    rows = []
+    for step in range(steps + 1):
+        cos = F.cosine_similarity(h, V, dim=1)
+        rows.append({"step": step, **{f"h{i}": float(h[0, i]) for i in range(h.shape[1])},
+                     "norm": float(h.norm()), "cos_true": float(cos[int(y)]),
+                     "cos_other_max": float(cos[others].max())})
+        if step == steps:
+            break
+        h.requires_grad_(True)
+        value = losses.cross_entropy(h @ V.T, label) if loss == "ce" else losses.dot_regression(h, V, label)
+        (grad,) = torch.autograd.grad(value, h)
+        h = (h - lr * grad).detach()
+    df = pd.DataFrame(rows)
+    df.insert(0, "loss", loss)
+    return df
+
+
+# --------------------------------------------------------------------------- chapter 02: heads
+def gram(head: torch.Tensor) -> torch.Tensor:
+    """Gram matrix ``V Vᵀ`` ``[C, C]`` (float64) of a head ``[C, d]``."""
+    V = head.to(torch.float64)
+    return V @ V.T
+
+
+def pairwise_cosines(head: torch.Tensor) -> np.ndarray:
+    """Cosines between all pairs of distinct rows of ``head`` ``[C, d]``: ``C(C-1)/2`` values."""
+    V = F.normalize(head.to(torch.float64), dim=1)
+    G = V @ V.T
+    i, j = torch.triu_indices(G.shape[0], G.shape[0], offset=1)
+    return G[i, j].numpy()
+
+
+HEAD_BUILDERS = {
+    "simplex ETF": heads.simplex_etf,
+    "random orthonormal": heads.orthonormal_head,
+    "random init": heads.random_head,
+}
+
+
+def head_cosine_table(class_counts=(3, 5, 10, 20, 50, 100), dim: int = 128, seed: int = 0) -> pd.DataFrame:
+    """Pairwise cosines of the three kinds of frozen heads for several class counts ``C``.
+
+    One row per (head kind, ``C``, pair): columns ``head``, ``C``, ``cosine``. ``dim`` must be
+    at least the largest ``C`` (the orthonormal head needs ``d >= C``).
+    """
+    rows = []
+    for C in class_counts:
+        for name, build in HEAD_BUILDERS.items():
+            for value in pairwise_cosines(build(int(C), int(dim), seed)):
+                rows.append({"head": name, "C": int(C), "cosine": float(value)})
+    return pd.DataFrame(rows)
+
+
+def etf_checks(V: torch.Tensor) -> dict[str, float]:
+    """How far a head ``[C, d]`` is from a simplex ETF: largest errors of the three defining properties.
+
+    ``norm_err``: max ``|‖v_c‖ - 1|``; ``angle_err``: max ``|cos(v_i, v_j) + 1/(C-1)|`` over
+    ``i ≠ j``; ``mean_norm``: ``‖mean_c v_c‖``.
+    """
+    V = V.to(torch.float64)
+    C = V.shape[0]
+    cos = pairwise_cosines(V)
+    return {
+        "norm_err": float((V.norm(dim=1) - 1).abs().max()),
+        "angle_err": float(np.abs(cos + 1.0 / (C - 1)).max()),
+        "mean_norm": float(V.mean(dim=0).norm()),
+    }
+
+
+# --------------------------------------------------------------------------- chapters 03/04: probes
+def with_gaps(history: pd.DataFrame) -> pd.DataFrame:
+    """A copy of a probe history with ``align_gap_S`` / ``acc_gap_S`` = local minus ``global_*`` added."""
+    h = history.copy()
+    for s in ("obs", "unobs"):
+        h[f"align_gap_{s}"] = h[f"align_{s}"] - h[f"global_align_{s}"]
+        h[f"acc_gap_{s}"] = h[f"acc_{s}"] - h[f"global_acc_{s}"]
+    return h
+
+
+def probe_table(histories: dict[str, pd.DataFrame], quantities=("align", "acc", "align_gap", "acc_gap"),
+                skip_rounds: int = 0) -> pd.DataFrame:
+    """Mean over rounds of probe quantities, observed vs unobserved, one row per run.
+
+    ``histories`` maps a label (e.g. ``"CE (fedavg)"``) to a history with probe columns.
+    Rounds ``<= skip_rounds`` are left out (the first rounds start from a random global model).
+    Returns a DataFrame indexed by label with columns ``<quantity>_obs`` / ``<quantity>_unobs``.
+    """
+    rows = {}
+    for label, hist in histories.items():
+        h = with_gaps(hist)
+        h = h[h["round"] > skip_rounds]
+        if h.empty:
+            raise FeddrKitError(f"{label}: no rounds left after skip_rounds={skip_rounds}")
+        rows[label] = {f"{q}_{s}": float(h[f"{q}_{s}"].mean()) for q in quantities for s in ("obs", "unobs")}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"), round: int = 0,
+                       clients=None, clients_per_round: int = 10, local_epochs: int = 2, lr: dict | None = None,
+                       beta: float = 0.9, probe_samples: int = 500, seed: int = 0) -> pd.DataFrame:
+    """One round of local training from ONE shared global model, with several local losses, probed.
+
+    This is the controlled version of chapter 03/04's comparison: every loss starts each client
+    from exactly the same weights and sees exactly the same mini-batches and augmentations, so the
+    loss is the only difference. ``global_model`` is a ``feddr_kit.models.Net`` (e.g. ``Result.model``
+    of a ``dr`` run, whose head is the frozen simplex ETF); its head is kept as it is for every loss.
+
+    ``algorithms``: algorithm names, or a dict ``label -> name``. Each contributes only its *local
+    step*: its loss (``fedavg``/``fedbabu``: cross-entropy on ``head(h)``; ``dr``: dot-regression;
+    ``feddr+``: ``β·DR + (1-β)·FD`` with the global model as teacher) and whether the head trains
+    (only for ``fedavg``). ``lr`` maps a name to a learning rate (default: the algorithm's own).
+    The clients are ``clients`` or the ``clients_per_round`` ones the kit's sampler draws for
+    ``(seed, round)``. Returns one row per (loss, client): ``run``, ``algorithm``, ``client`` and the
+    :data:`feddr_kit.probes.PROBE_COLUMNS` (local model vs the shared global model).
+    """
+    import copy
+
+    from . import probes as probes_mod
+    from .algorithms import Batch, ClientContext, get_algorithm
+    from .config import Config
+    from .federated import client_generator, forward_all, local_batches, sample_clients
+
+    runs = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
+    device = next(global_model.parameters()).device
+    data = data.to(device)
+    counts = torch.from_numpy(partition.counts("train")).float().to(device)
+    if clients is None:
+        clients = sample_clients(seed, round, partition.num_clients, clients_per_round)
+    pidx = probes_mod.probe_indices(data.test_y, probe_samples, seed).to(device)
+    px, py = data.test_x[pidx], data.test_y[pidx]
+    global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
+    teacher = copy.deepcopy(global_model).eval().requires_grad_(False)
+    rows = []
+    for label, name in runs.items():
+        cfg = Config(algorithm=name, local_epochs=local_epochs, seed=seed, beta=beta, progress=False,
+                     lr=(lr or {}).get(name))
+        algo = get_algorithm(cfg)
+        lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
+        model = copy.deepcopy(global_model)
+        model.head.weight.requires_grad_(algo.head == "learned")
+
+        def probe_view(m):
+            h, z = forward_all(m, algo, data, px)
+            return probes_mod.view(h, z, m.head.weight.detach().float(), py)
+
+        g_view = probe_view(teacher)
+        for k in [int(c) for c in clients]:
+            model.load_state_dict(global_state)
+            model.train()
+            params = [p for p in model.parameters() if p.requires_grad]
+            opt = torch.optim.SGD(params, lr=lr0, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+            idx = torch.from_numpy(partition.train_indices[k].astype(np.int64)).to(device)
+            gen = client_generator(seed, round, k, device)
+            ctx = ClientContext(client=k, round=round, lr=lr0, num_samples=len(idx), num_steps=0,
+                                class_counts=counts[k], global_state=global_state)
+            for batch_idx in local_batches(idx, cfg, 0, gen):
+                x = data.train_batch(batch_idx, gen)
+                h = model.features(x)
+                b = Batch(x=x, y=data.train_y[batch_idx], h=h, z=algo.logits(model, h))
+                if algo.needs_teacher:
+                    with torch.no_grad():
+                        b.h_g = teacher.features(x)
+                        b.z_g = algo.logits(teacher, b.h_g)
+                loss = algo.loss(model, b, ctx)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            row = probes_mod.compare(probe_view(model), g_view, py, counts[k] > 0)
+            rows.append({"run": label, "algorithm": name, "client": k, **row})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- notebook outputs
+def save_results(out_dir, results: dict, config: dict | None = None, name: str = "results.json"):
+    """Write a chapter's key numbers (and the settings that produced them) to ``out_dir/results.json``.
+
+    ``results``: the numbers (floats, ints, strings, nested dicts/lists; NumPy scalars are
+    converted and NaN is written as null); ``config``: the notebook's parameters and/or run
+    configs. Written atomically. Returns the path.
+    """
+    from pathlib import Path
+
+    from .federated import write_json
+
+    path = Path(out_dir) / name
+    write_json(path, {"results": results, "config": config or {}})
+    return path

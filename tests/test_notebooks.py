@@ -1,0 +1,185 @@
+"""The chapter notebooks: stored in a clean, executed state, and chapter 03 runs under papermill.
+
+nbval (``pytest --nbval-lax``, configured in pyproject.toml) re-executes every notebook with its
+default parameters; these tests add what nbval does not check: the conventions of DESIGN.md
+(parameters cell, kernelspec, clean outputs) and a parameterized papermill run that writes
+``results.json``.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+TRAINING = {"00_quickstart", "03_dr_forgets_unseen", "04_feature_distillation"}
+ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")  # memory addresses in reprs
+OBJECT_REPR = re.compile(r"<(Axes|Figure|matplotlib|mpl_toolkits)")  # a plotting call without its `;`
+TIMING = re.compile(r"\d+(\.\d+)?\s*(it/s|s/it)|\d+:\d\d<")  # tqdm progress bars
+
+
+def cifar10_available() -> bool:
+    """True when $FEDDR_DATA_DIR (set by conftest.py) holds CIFAR-10."""
+    root = Path(os.environ.get("FEDDR_DATA_DIR", NOTEBOOKS.parent / "data"))
+    return (root / "cifar-10-batches-py").is_dir() or (root / "cifar10-jpeg").is_dir()
+
+
+def _code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def _texts(cell):
+    for out in cell.get("outputs", []):
+        if "text" in out:
+            yield out["text"]
+        for key, value in out.get("data", {}).items():
+            if key.startswith("text/"):
+                yield value if isinstance(value, str) else "".join(value)
+
+
+def test_chapters_exist():
+    names = [p.stem for p in CHAPTERS]
+    for stem in ("00_quickstart", "01_ce_pull_push", "02_simplex_etf", "03_dr_forgets_unseen",
+                 "04_feature_distillation"):
+        assert stem in names
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_notebook_conventions(path):
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    cells = _code_cells(nb)
+    params = cells[0]
+    assert "parameters" in params.metadata.get("tags", []), "first code cell must be tagged 'parameters'"
+    names = set()
+    for stmt in ast.parse(params.source).body:  # literal assignments only
+        assert isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name), \
+            f"parameters cell: only `name = literal` lines, got {ast.unparse(stmt)!r}"
+        ast.literal_eval(stmt.value)
+        names.add(stmt.targets[0].id)
+    assert "paper" in params.source.lower(), "parameters cell must give the paper-scale values in a comment"
+    if path.stem in TRAINING:
+        assert "out_dir" in names and "progress=False" in "".join(c.source for c in cells)
+    for cell in cells:
+        if "interact(" in cell.source:
+            assert "nbval-ignore-output" in cell.metadata.get("tags", [])
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_stored_outputs_are_clean(path):
+    """Committed executed with the defaults: no errors, no stderr, no memory addresses or object reprs
+    (figures are shown as images; end plotting lines with `;`), no progress bars, no cell timings."""
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(_code_cells(nb)):
+        assert cell.execution_count is not None or not cell.source.strip() or \
+            "nbval-ignore-output" in cell.metadata.get("tags", []), f"code cell {i} was not executed"
+        assert "execution" not in cell.metadata, f"code cell {i} stores timings"
+        for out in cell.get("outputs", []):
+            assert out.output_type != "error", f"code cell {i} stored an error: {out.get('ename')}"
+            assert out.get("name") != "stderr", f"code cell {i} printed to stderr"
+            if out.output_type == "execute_result":  # a cell's value: a table or a number, never an object repr
+                plain = "".join(out.get("data", {}).get("text/plain", ""))
+                assert not plain.lstrip("[(").startswith("<") and not OBJECT_REPR.search(plain), \
+                    f"code cell {i} shows an object repr: {plain[:60]!r}"
+        for text in _texts(cell):
+            assert not ADDRESS.search(text), f"code cell {i} shows a memory address"
+            assert not TIMING.search(text), f"code cell {i} shows a progress bar"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
+def test_chapter_03_under_papermill(tmp_path):
+    """Slow (about a minute on 2 CPU cores): chapter 03 with 4 rounds and one same-model draw writes results.json."""
+    import papermill
+
+    out = tmp_path / "out"
+    papermill.execute_notebook(
+        str(NOTEBOOKS / "03_dr_forgets_unseen.ipynb"), str(tmp_path / "03.ipynb"),
+        parameters={"rounds": 4, "same_model_draws": 1, "probe_samples": 200, "out_dir": str(out)},
+        cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["parameters"]["rounds"] == 4
+    assert set(results["config"]["runs"]) == {"CE (fedavg)", "DR (dr)"}
+    runs = results["results"]["runs_mean_over_rounds"]
+    for label in ("CE (fedavg)", "DR (dr)"):
+        for key in ("align_obs", "align_unobs", "acc_obs", "acc_unobs", "align_gap_obs", "acc_gap_unobs"):
+            assert isinstance(runs[label][key], float)
+        assert 0.0 <= results["results"]["global_acc"][label]["final_acc"] <= 1.0
+    assert set(results["results"]["same_global_model"]) == {"CE, head trained", "CE, frozen ETF", "DR, frozen ETF"}
+
+
+def test_binder_requirements_match_the_pins():
+    """binder/requirements.txt = requirements.txt's pins without `-e .` (postBuild installs the kit)."""
+    def pins(path):
+        lines = [ln.split("#")[0].strip() for ln in path.read_text().splitlines()]
+        return {ln for ln in lines if ln and not ln.startswith("-")}
+
+    root = NOTEBOOKS.parent
+    assert pins(root / "binder" / "requirements.txt") == pins(root / "requirements.txt")
+    lines = [ln.split("#")[0].strip() for ln in (root / "binder" / "requirements.txt").read_text().splitlines()]
+    assert "-e ." not in lines
+    assert "pip install" in (root / "binder" / "postBuild").read_text()
+
+
+# ----------------------------------------------------------------------------- the notebooks' helpers
+def test_teaching_forces_split_and_dr_only_rotates():
+    import torch
+
+    from feddr_kit import teaching
+
+    V = teaching.circle_head(3)
+    pts = teaching.feature_grid(2.0, 6)  # even n: no point at the origin
+    pull, push = teaching.ce_forces(pts, V, 1)
+    h = pts.clone().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(h @ V.T, torch.full((len(pts),), 1), reduction="sum")
+    (grad,) = torch.autograd.grad(loss, h)
+    assert torch.allclose(pull + push, -grad, atol=1e-12)
+    dr = teaching.dr_force(pts, V, 1)
+    assert (dr * pts).sum(1).abs().max() < 1e-12  # perpendicular to the feature
+    moved = V.clone()
+    moved[[0, 2]] = -moved[[0, 2]]
+    assert torch.equal(teaching.dr_force(pts, moved, 1), dr)  # blind to the other classes
+    traj = teaching.descent_trajectory([1.0, -0.5], V, 0, "dr", lr=0.3, steps=5)
+    assert list(traj["step"]) == list(range(6)) and traj["cos_true"].iloc[-1] > traj["cos_true"].iloc[0]
+    table = teaching.alignment_force_vs_norm(V, 0, 30.0, norms=(1.0, 8.0))
+    assert table["ce"].iloc[1] < table["ce"].iloc[0]
+
+
+def test_teaching_head_tables():
+    from feddr_kit import heads, teaching
+
+    assert teaching.etf_checks(heads.simplex_etf(5, 4))["angle_err"] < 1e-6
+    t = teaching.head_cosine_table((3, 6), dim=8)
+    assert set(t["head"]) == {"simplex ETF", "random orthonormal", "random init"}
+    assert len(t) == 3 * (3 + 15)
+
+
+def test_local_round_probes_on_synthetic_data(tmp_path):
+    import torch
+
+    import feddr_kit as fk
+    from feddr_kit import teaching
+
+    data = fk.data.load("synthetic", num_classes=4, train_per_class=40, test_per_class=10)
+    part = fk.partition.shard(data.train_y, data.test_y, num_clients=4, shards_per_client=2, seed=0)
+    torch.manual_seed(0)
+    model = fk.models.build_model("cnn", 4)
+    with torch.no_grad():
+        model.head.weight.copy_(fk.heads.simplex_etf(4, model.feature_dim))
+    etf = model.head.weight.detach().clone()
+    df = teaching.local_round_probes(model, data, part, {"CE": "fedbabu", "DR": "dr", "Dr+": "feddr+"},
+                                     clients=[0, 1], local_epochs=1, probe_samples=40)
+    assert list(df["run"]) == ["CE", "CE", "DR", "DR", "Dr+", "Dr+"]
+    assert set(fk.probes.PROBE_COLUMNS) <= set(df.columns)
+    assert torch.equal(model.head.weight, etf)  # the shared global model is left untouched
+    table = teaching.with_gaps(df).groupby("run")[["align_gap_obs", "feat_dist_obs"]].mean()
+    assert table.notna().all().all()
+    path = teaching.save_results(tmp_path, {"x": float("nan")}, {"a": 1})
+    assert json.loads(path.read_text()) == {"results": {"x": None}, "config": {"a": 1}}
