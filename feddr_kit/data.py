@@ -273,15 +273,20 @@ def load_imagefolder(path: str | Path) -> ImageData:
 
     Classes are the sorted class-folder names (as ``torchvision.datasets.ImageFolder``). The
     decoded tensors are cached in :func:`cache_dir`, keyed by the folder's resolved path and
-    every file's (relative path, size, mtime), so editing the tree invalidates the cache.
+    every file's (relative path, size, mtime), so editing the tree invalidates the cache. Writing a
+    new cache file removes the stale ones of the same folder (each is as large as the dataset).
     """
     folder = _check_layout(path)
     listing = _list_files(folder)
-    cache_file = cache_dir() / f"imagefolder-{_safe(folder.name)}-{_cache_key(folder, listing)}.pt"
+    prefix = f"imagefolder-{_safe(folder.name)}-{_digest(str(folder))[:8]}-"
+    cache_file = cache_dir() / f"{prefix}{_cache_key(listing)}.pt"
     cached = _read_cache(cache_file)
     if cached is None:
         cached = _decode_folder(folder)
-        _write_cache(cache_file, cached)
+        if _write_cache(cache_file, cached):
+            for stale in cache_file.parent.glob(f"{prefix}*.pt"):
+                if stale != cache_file:
+                    stale.unlink(missing_ok=True)
     return _make(f"imagefolder:{folder.name}", cached["train_x"], cached["train_y"],
                  cached["test_x"], cached["test_y"], cached["classes"],
                  cached["mean"], cached["std"])
@@ -356,10 +361,13 @@ def _list_files(folder: Path) -> list[tuple[str, int, int]]:
     return out
 
 
-def _cache_key(folder: Path, listing: list[tuple[str, int, int]]) -> str:
-    h = hashlib.sha256(f"format={_CACHE_FORMAT}\n{folder}\n".encode())
-    h.update("\n".join(f"{p}\t{s}\t{m}" for p, s, m in listing).encode())
-    return h.hexdigest()[:20]
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cache_key(listing: list[tuple[str, int, int]]) -> str:
+    """Content key of an image tree: the cache format and every file's (relative path, size, mtime)."""
+    return _digest(f"format={_CACHE_FORMAT}\n" + "\n".join(f"{p}\t{s}\t{m}" for p, s, m in listing))[:16]
 
 
 def _safe(s: str) -> str:
@@ -378,7 +386,8 @@ def _read_cache(cache_file: Path) -> dict | None:
     return None
 
 
-def _write_cache(cache_file: Path, obj: dict) -> None:
+def _write_cache(cache_file: Path, obj: dict) -> bool:
+    """Write ``obj`` to ``cache_file`` atomically; True when written (a failure only warns)."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=cache_file.name, suffix=".tmp")
@@ -386,10 +395,12 @@ def _write_cache(cache_file: Path, obj: dict) -> None:
             torch.save(obj, f)
         os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; the cache is not secret
         os.replace(tmp, cache_file)  # atomic: readers see the old file or the whole new one
+        return True
     except OSError as err:
         warnings.warn(f"could not write cache file {cache_file}: {err}", stacklevel=3)
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        return False
 
 
 def _decode_folder(folder: Path) -> dict:

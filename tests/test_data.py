@@ -285,7 +285,13 @@ def test_imagefolder_cache_invalidated_when_files_change(tmp_path, cache):
     os.utime(target, ns=(1, 1))  # different mtime, same size
     third = data.load("imagefolder", path=root)
     assert not torch.equal(third.test_x, second.test_x)
-    assert len(list(cache.glob("*.pt"))) == 3
+    assert len(list(cache.glob("*.pt"))) == 1, "stale cache files of the same folder are removed"
+    # a folder with the same name elsewhere keeps its own cache beside it
+    other = make_folder(tmp_path / "elsewhere" / "tiny")
+    data.load("imagefolder", path=other)
+    assert len(list(cache.glob("*.pt"))) == 2
+    assert torch.equal(data.load("imagefolder", path=root).test_x, third.test_x)
+    assert len(list(cache.glob("*.pt"))) == 2
 
 
 def test_corrupt_cache_file_is_decoded_again(tmp_path, cache):
