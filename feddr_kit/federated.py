@@ -284,7 +284,7 @@ def run(
             ctx = ClientContext(client=k, round=t, lr=lr, num_samples=len(part.train_indices[k]),
                                 num_steps=local_steps(len(part.train_indices[k]), cfg, mean_size),
                                 class_counts=counts[k], global_state=global_state)
-            losses_.append(_train_client(model, teacher, algo, data, client_idx[k], ctx, cfg, device))
+            losses_.append(train_client(model, teacher, algo, data, client_idx[k], ctx, cfg, device))
             uploads.append(algo.client_end(model, ctx))
             names = list(average)
             torch._foreach_add_([average[n] for n in names], [local_state[n].detach() for n in names], alpha=w)
@@ -345,9 +345,16 @@ def local_step(model: Net, teacher: Net | None, algo: Algorithm, opt: torch.opti
     return loss.detach()
 
 
-def _train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx: torch.Tensor,
+def train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx: torch.Tensor,
                   ctx: ClientContext, cfg: Config, device: torch.device) -> float:
-    """Local training of one client from the already-loaded global state; returns its mean loss."""
+    """Local training of one client, from the global state already loaded into ``model``.
+
+    ``idx``: the client's train indices (int64 ``[n]``, on the device); ``ctx.num_steps`` comes
+    from :func:`local_steps`. Runs the algorithm's ``client_start`` and then :func:`local_step` on
+    each of :func:`local_batches`, with the client's own generator for ``(seed, round, client)``.
+    ``teacher`` holds the round's global model when the algorithm needs one. Returns the mean local
+    loss; raises ``FloatingPointError`` when it is not finite.
+    """
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]  # frozen ones never reach the optimizer
     opt = torch.optim.SGD(params, lr=ctx.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)

@@ -237,9 +237,9 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     import copy
 
     from . import probes as probes_mod
-    from .algorithms import Batch, ClientContext, get_algorithm
+    from .algorithms import ClientContext, get_algorithm
     from .config import Config
-    from .federated import client_generator, forward_all, local_batches, sample_clients
+    from .federated import forward_all, local_steps, sample_clients, train_client
 
     runs = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
     device = next(global_model.parameters()).device
@@ -247,6 +247,7 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     counts = torch.from_numpy(partition.counts("train")).float().to(device)
     if clients is None:
         clients = sample_clients(seed, round, partition.num_clients, clients_per_round)
+    mean_size = len(data.train_y) // partition.num_clients
     pidx = probes_mod.probe_indices(data.test_y, probe_samples, seed).to(device)
     px, py = data.test_x[pidx], data.test_y[pidx]
     global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
@@ -254,10 +255,15 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     rows = []
     for label, name in runs.items():
         cfg = Config(algorithm=name, local_epochs=local_epochs, seed=seed, beta=beta, progress=False,
-                     lr=(lr or {}).get(name))
+                     lr=(lr or {}).get(name), partition=partition.kind)
         algo = get_algorithm(cfg)
         lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
         model = copy.deepcopy(global_model)
+        algo.setup(model, seed)  # the algorithm's own state (e.g. SCAFFOLD's zero control variates) ...
+        try:
+            model.load_state_dict(global_state)  # ... but the shared global weights, head included
+        except RuntimeError as err:
+            raise FeddrKitError(f"{name} changes the architecture, so it cannot start from this global model") from err
         model.head.weight.requires_grad_(algo.head == "learned")
 
         def probe_view(m):
@@ -267,25 +273,11 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
         g_view = probe_view(teacher)
         for k in [int(c) for c in clients]:
             model.load_state_dict(global_state)
-            model.train()
-            params = [p for p in model.parameters() if p.requires_grad]
-            opt = torch.optim.SGD(params, lr=lr0, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+            n = len(partition.train_indices[k])
             idx = torch.from_numpy(partition.train_indices[k].astype(np.int64)).to(device)
-            gen = client_generator(seed, round, k, device)
-            ctx = ClientContext(client=k, round=round, lr=lr0, num_samples=len(idx), num_steps=0,
+            ctx = ClientContext(client=k, round=round, lr=lr0, num_samples=n, num_steps=local_steps(n, cfg, mean_size),
                                 class_counts=counts[k], global_state=global_state)
-            for batch_idx in local_batches(idx, cfg, 0, gen):
-                x = data.train_batch(batch_idx, gen)
-                h = model.features(x)
-                b = Batch(x=x, y=data.train_y[batch_idx], h=h, z=algo.logits(model, h))
-                if algo.needs_teacher:
-                    with torch.no_grad():
-                        b.h_g = teacher.features(x)
-                        b.z_g = algo.logits(teacher, b.h_g)
-                loss = algo.loss(model, b, ctx)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+            train_client(model, teacher, algo, data, idx, ctx, cfg, device)
             row = probes_mod.compare(probe_view(model), g_view, py, counts[k] > 0)
             rows.append({"run": label, "algorithm": name, "client": k, **row})
     return pd.DataFrame(rows)

@@ -16,6 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from feddr_kit.errors import FeddrKitError
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 TRAINING = {"00_quickstart", "03_dr_forgets_unseen", "04_feature_distillation"}
@@ -181,5 +183,12 @@ def test_local_round_probes_on_synthetic_data(tmp_path):
     assert torch.equal(model.head.weight, etf)  # the shared global model is left untouched
     table = teaching.with_gaps(df).groupby("run")[["align_gap_obs", "feat_dist_obs"]].mean()
     assert table.notna().all().all()
+    # Dirichlet clients take the loop's i.i.d. batches (not zero steps), and SCAFFOLD's gradient hook runs.
+    dpart = fk.partition.dirichlet(data.train_y, data.test_y, num_clients=4, alpha=0.3, seed=0)
+    df = teaching.local_round_probes(model, data, dpart, ["scaffold", "dr"], clients=[0], local_epochs=1,
+                                     probe_samples=40)
+    assert (df["feat_dist_obs"] > 0).all()
+    with pytest.raises(FeddrKitError, match="architecture"):
+        teaching.local_round_probes(model, data, part, ["fedetf"], clients=[0], local_epochs=1, probe_samples=40)
     path = teaching.save_results(tmp_path, {"x": float("nan")}, {"a": 1})
     assert json.loads(path.read_text()) == {"results": {"x": None}, "config": {"a": 1}}
