@@ -7,8 +7,8 @@
 #
 # Uses .venv/bin/python unless PYTHON is set; FEDDR_DATA_DIR defaults to ../shared/data when that
 # folder exists (as in CI), else the kit's own default (the repository's data/, downloading when online).
-# Cell timings are not recorded, and the live output of each `interact` cell and the widget state
-# are dropped afterwards (the cell after it draws the same figure statically), so re-running gives
+# Cell timings are not recorded, and live widget outputs (each `interact` cell, progress bars) and the
+# widget state are dropped afterwards (the cell after it draws the same figure statically), so re-running gives
 # clean diffs.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -35,10 +35,9 @@ import nbformat
 path = sys.argv[1]
 nb = nbformat.read(path, as_version=4)
 for cell in nb.cells:
-    if cell.cell_type == "code" and any(
-        "application/vnd.jupyter.widget-view+json" in out.get("data", {}) for out in cell.get("outputs", [])
-    ):
-        cell.outputs = []
+    if cell.cell_type == "code":  # live widgets (interact, tqdm bars) do not survive the kernel: drop them
+        cell.outputs = [out for out in cell.get("outputs", [])
+                        if "application/vnd.jupyter.widget-view+json" not in out.get("data", {})]
 nb.metadata.pop("widgets", None)
 nbformat.write(nb, path)
 PY

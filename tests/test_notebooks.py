@@ -66,11 +66,20 @@ def test_notebook_conventions(path):
         ast.literal_eval(stmt.value)
         names.add(stmt.targets[0].id)
     assert "paper" in params.source.lower(), "parameters cell must give the paper-scale values in a comment"
+    # `papermill --help-notebook` must list every parameter (its parser skips lines it cannot read,
+    # e.g. a trailing comment holding "=" or "<")
+    import papermill
+
+    assert set(papermill.inspect_notebook(str(path))) == names
     if path.stem in TRAINING:
         assert "out_dir" in names and "progress=False" in "".join(c.source for c in cells)
     for cell in cells:
         if "interact(" in cell.source:
             assert "nbval-ignore-output" in cell.metadata.get("tags", [])
+    asserts = sum(isinstance(node, ast.Assert) for c in cells[1:] for node in ast.walk(ast.parse(c.source)))
+    assert asserts >= (1 if path.stem == "00_quickstart" else 2), f"only {asserts} asserts pin the text's claims"
+    figures = sum("image/png" in out.get("data", {}) for c in cells for out in c.get("outputs", []))
+    assert figures >= 1, "the committed notebook must show its figures"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
@@ -116,6 +125,26 @@ def test_chapter_03_under_papermill(tmp_path):
         assert 0.0 <= results["results"]["global_acc"][label]["final_acc"] <= 1.0
     assert set(results["results"]["same_global_model"]) == {"CE, head trained", "CE, frozen ETF", "DR, frozen ETF"}
 
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
+def test_chapter_04_under_papermill(tmp_path):
+    """Slow (about a minute on 2 CPU cores): chapter 04 with 4 rounds and a 3-value beta sweep writes results.json."""
+    import papermill
+
+    out = tmp_path / "out"
+    papermill.execute_notebook(
+        str(NOTEBOOKS / "04_feature_distillation.ipynb"), str(tmp_path / "04.ipynb"),
+        parameters={"rounds": 4, "beta_grid": [1.0, 0.5], "probe_samples": 200, "out_dir": str(out)},
+        cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["parameters"]["rounds"] == 4
+    # the sweep always adds plain DR (1.0) and FedDr+'s beta (0.9) to the grid it is given
+    assert sorted(float(b) for b in results["results"]["beta_sweep_one_round"]) == [0.5, 0.9, 1.0]
+    for label, acc in results["results"]["global_acc"].items():
+        assert 0.0 <= acc["final_acc"] <= 1.0, label
+    assert {c["claim"] for c in results["results"]["claims"]} >= {"DR global accuracy below FedDr+'s (final)"}
 
 def test_binder_requirements_match_the_pins():
     """binder/requirements.txt = requirements.txt's pins without `-e .` (postBuild installs the kit)."""
