@@ -247,6 +247,7 @@ def run(
     teacher.eval().requires_grad_(False)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     local_state = model.state_dict()  # views of the live parameters: copy_ into them to load
+    local_list = list(local_state.values())
 
     start, rows, round_seconds = 0, [], []
     if resume:
@@ -275,22 +276,24 @@ def run(
         probing = probe is not None and evaluating  # probes are recorded with the evaluated rounds only
         if algo.needs_teacher or probing:
             teacher.load_state_dict(global_state)
-        global_view = _probe_view(teacher, algo, data, probe) if probing else None
+        global_view = probe_view(teacher, algo, data, *probe) if probing else None
 
         average = {k: torch.zeros_like(v) for k, v in global_state.items() if v.is_floating_point()}
+        average_list = list(average.values())
+        averaged_local = [local_state[n] for n in average]  # live views: they hold each client's weights in turn
+        global_list = [global_state[n] for n in local_state]
         uploads, losses_, probe_rows = [], [], []
         for k, w in zip(clients.tolist(), weights):
-            torch._foreach_copy_(list(local_state.values()), [global_state[n] for n in local_state])
+            torch._foreach_copy_(local_list, global_list)
             ctx = ClientContext(client=k, round=t, lr=lr, num_samples=len(part.train_indices[k]),
                                 num_steps=local_steps(len(part.train_indices[k]), cfg, mean_size),
                                 class_counts=counts[k], global_state=global_state)
             losses_.append(train_client(model, teacher, algo, data, client_idx[k], ctx, cfg, device))
             uploads.append(algo.client_end(model, ctx))
-            names = list(average)
-            torch._foreach_add_([average[n] for n in names], [local_state[n].detach() for n in names], alpha=w)
+            torch._foreach_add_(average_list, averaged_local, alpha=w)
             if probing:
                 observed = counts[k] > 0
-                probe_rows.append(probes_mod.compare(_probe_view(model, algo, data, probe), global_view, probe[1], observed))
+                probe_rows.append(probes_mod.compare(probe_view(model, algo, data, *probe), global_view, probe[1], observed))
 
         for n, v in global_state.items():  # integer buffers are not averaged: keep the global ones
             average.setdefault(n, v.clone())
@@ -373,8 +376,9 @@ def train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx
     return mean_loss
 
 
-def _probe_view(model: Net, algo: Algorithm, data: ImageData, probe) -> probes_mod.ModelView:
-    x, y = probe
+def probe_view(model: Net, algo: Algorithm, data: ImageData, x: torch.Tensor, y: torch.Tensor) -> probes_mod.ModelView:
+    """What the probes need of one model on the probe images ``x`` (uint8 ``[P,3,H,W]``), labels ``y`` ``[P]``:
+    its features, logits and head (see :func:`feddr_kit.probes.view`)."""
     h, z = forward_all(model, algo, data, x)
     return probes_mod.view(h, z, model.head.weight.detach().float(), y)
 

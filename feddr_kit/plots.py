@@ -9,6 +9,8 @@ paper's figures. The 2-D computations behind chapters 01/02 live in :mod:`feddr_
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
@@ -59,6 +61,7 @@ UNOBS_COLOR = "#1f77b4"
 PULL_COLOR = "#2ca02c"
 PUSH_COLOR = "#9467bd"
 DR_COLOR = "#ff7f0e"
+_CLASS_SETS = (("obs", OBS_COLOR, "observed"), ("unobs", UNOBS_COLOR, "unobserved"))  # probe column suffix, colour, name
 _LINESTYLES = ["-", "--", ":", "-."]
 _MARKERS = ["o", "s", "^", "D", "v", "P"]
 
@@ -76,6 +79,22 @@ def _axes(ax, ncols: int = 1, figsize=None, **kw):
         return ax
     _, axes = plt.subplots(1, ncols, figsize=figsize, **kw)
     return axes
+
+
+def _panel_row(axes, n: int, panel_size: tuple[float, float], suptitle: str | None):
+    """``axes`` when given, else a new row of ``n`` panels of ``panel_size`` (width, height) each."""
+    if axes is not None:
+        return axes
+    fig, axes = plt.subplots(1, n, figsize=(panel_size[0] * n, panel_size[1]), squeeze=False)
+    if suptitle:
+        fig.suptitle(suptitle)
+    return axes[0]
+
+
+def _zero_line(ax, quantity: str) -> None:
+    """A grey line at 0 for the quantities whose sign matters (changes and differences)."""
+    if quantity.endswith("_gap") or quantity == "feat_norm_diff":
+        ax.axhline(0.0, color="grey", lw=0.8)
 
 
 def accuracy_curves(histories: dict, metric: str = "test_acc", ax=None, title: str | None = None,
@@ -251,15 +270,13 @@ def etf_gram(num_classes: int = 4, dim: int = 3, seed: int = 0, ax=None):
     instead. Returns the Axes.
     """
     from . import heads, teaching
-    from .errors import FeddrKitError as _Err
 
     try:
         V = heads.simplex_etf(int(num_classes), int(dim), seed)
-    except _Err as err:
+    except FeddrKitError as err:
         ax = _axes(ax, figsize=(5.2, 4.4))
         ax.axis("off")
         ax.set_title(f"C = {num_classes}, d = {dim}: no simplex ETF")
-        import textwrap
         ax.text(0.5, 0.5, "\n".join(textwrap.wrap(f"FeddrKitError: {err}", 48)), ha="center", va="center",
                 fontsize="small", color="#b00", transform=ax.transAxes)
         return ax
@@ -325,11 +342,10 @@ def observed_unobserved(histories: dict, quantity: str = "align", ax=None, title
     scale = 100.0 if quantity in _PERCENT else 1.0
     for i, (label, hist) in enumerate(histories.items()):
         h = with_gaps(hist)
-        for s, color, name in (("obs", OBS_COLOR, "observed"), ("unobs", UNOBS_COLOR, "unobserved")):
+        for s, color, name in _CLASS_SETS:
             ax.plot(h["round"], scale * h[f"{quantity}_{s}"], color=color, ls=_LINESTYLES[i % 4],
                     marker=_MARKERS[i % len(_MARKERS)], markersize=4, label=f"{label}, {name}")
-    if quantity.endswith("_gap") or quantity == "feat_norm_diff":
-        ax.axhline(0.0, color="grey", lw=0.8)
+    _zero_line(ax, quantity)
     ax.set_xlabel("communication round")
     ax.set_ylabel(_PROBE_LABELS[quantity])
     ax.set_title(title or _PROBE_LABELS[quantity])
@@ -339,11 +355,7 @@ def observed_unobserved(histories: dict, quantity: str = "align", ax=None, title
 
 def probe_panels(histories: dict, quantities=("align", "acc"), axes=None, suptitle: str | None = None):
     """:func:`observed_unobserved` for several quantities side by side. Returns the array of Axes."""
-    if axes is None:
-        fig, axes = plt.subplots(1, len(quantities), figsize=(6.0 * len(quantities), 4.2), squeeze=False)
-        axes = axes[0]
-        if suptitle:
-            fig.suptitle(suptitle)
+    axes = _panel_row(axes, len(quantities), (6.0, 4.2), suptitle)
     for ax, q in zip(axes, quantities):
         observed_unobserved(histories, q, ax=ax)
     return axes
@@ -355,7 +367,7 @@ def probe_bars(table, quantity: str = "align", ax=None, title: str | None = None
     scale = 100.0 if quantity in _PERCENT else 1.0
     x = np.arange(len(table.index))
     width = 0.38
-    for k, (s, color, name) in enumerate((("obs", OBS_COLOR, "observed"), ("unobs", UNOBS_COLOR, "unobserved"))):
+    for k, (s, color, name) in enumerate(_CLASS_SETS):
         vals = scale * table[f"{quantity}_{s}"].to_numpy()
         bars = ax.bar(x + (k - 0.5) * width, vals, width, color=color, label=name)
         ax.bar_label(bars, fmt="%.2f" if scale == 1.0 else "%.1f", fontsize="x-small")
@@ -375,18 +387,13 @@ def probe_sweep(table, x: str = "beta", quantities=("feat_dist", "align", "acc")
     (e.g. a :func:`feddr_kit.teaching.local_round_probes` result averaged per β). One panel per
     quantity. Returns the array of Axes.
     """
-    if axes is None:
-        fig, axes = plt.subplots(1, len(quantities), figsize=(5.2 * len(quantities), 3.9), squeeze=False)
-        axes = axes[0]
-        if suptitle:
-            fig.suptitle(suptitle)
+    axes = _panel_row(axes, len(quantities), (5.2, 3.9), suptitle)
     t = table.sort_values(x)
     for ax, q in zip(axes, quantities):
         scale = 100.0 if q in _PERCENT else 1.0
-        for s, color, name in (("obs", OBS_COLOR, "observed"), ("unobs", UNOBS_COLOR, "unobserved")):
+        for s, color, name in _CLASS_SETS:
             ax.plot(t[x], scale * t[f"{q}_{s}"], "o-", color=color, label=name)
-        if q.endswith("_gap") or q == "feat_norm_diff":
-            ax.axhline(0.0, color="grey", lw=0.8)
+        _zero_line(ax, q)
         ax.set_xlabel(xlabel or x)
         ax.set_ylabel(_PROBE_LABELS.get(q, q))
         ax.set_title(_PROBE_LABELS.get(q, q))

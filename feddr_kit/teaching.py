@@ -216,6 +216,15 @@ def probe_table(histories: dict[str, pd.DataFrame], quantities=("align", "acc", 
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
+def claim(text: str, smaller: float, larger: float) -> dict:
+    """One row of a chapter's table of paper claims: ``text`` holds when ``smaller < larger``.
+
+    Both values are measured in the run (e.g. DR's and FedDr+'s mean feature distance). Returns
+    ``{"claim", "should be smaller", "should be larger", "held"}``, the values rounded to 4 digits.
+    """
+    return {"claim": text, "should be smaller": round(float(smaller), 4), "should be larger": round(float(larger), 4),
+            "held": bool(smaller < larger)}
+
 def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"), round: int = 0,
                        clients=None, clients_per_round: int = 10, local_epochs: int = 2, lr: dict | None = None,
                        beta: float = 0.9, probe_samples: int = 500, seed: int = 0) -> pd.DataFrame:
@@ -239,7 +248,7 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     from . import probes as probes_mod
     from .algorithms import ClientContext, get_algorithm
     from .config import Config
-    from .federated import forward_all, local_steps, sample_clients, train_client
+    from .federated import local_steps, probe_view, sample_clients, train_client
 
     runs = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
     device = next(global_model.parameters()).device
@@ -264,13 +273,8 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
             model.load_state_dict(global_state)  # ... but the shared global weights, head included
         except RuntimeError as err:
             raise FeddrKitError(f"{name} changes the architecture, so it cannot start from this global model") from err
-        model.head.weight.requires_grad_(algo.head == "learned")
-
-        def probe_view(m):
-            h, z = forward_all(m, algo, data, px)
-            return probes_mod.view(h, z, m.head.weight.detach().float(), py)
-
-        g_view = probe_view(teacher)
+        model.head.weight.requires_grad_(not algo.head_frozen)
+        g_view = probe_view(teacher, algo, data, px, py)
         for k in [int(c) for c in clients]:
             model.load_state_dict(global_state)
             n = len(partition.train_indices[k])
@@ -278,7 +282,7 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
             ctx = ClientContext(client=k, round=round, lr=lr0, num_samples=n, num_steps=local_steps(n, cfg, mean_size),
                                 class_counts=counts[k], global_state=global_state)
             train_client(model, teacher, algo, data, idx, ctx, cfg, device)
-            row = probes_mod.compare(probe_view(model), g_view, py, counts[k] > 0)
+            row = probes_mod.compare(probe_view(model, algo, data, px, py), g_view, py, counts[k] > 0)
             rows.append({"run": label, "algorithm": name, "client": k, **row})
     return pd.DataFrame(rows)
 

@@ -103,19 +103,25 @@ def test_stored_outputs_are_clean(path):
             assert not TIMING.search(text), f"code cell {i} shows a progress bar"
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
-def test_chapter_03_under_papermill(tmp_path):
-    """Slow (about a minute on 2 CPU cores): chapter 03 with 4 rounds and one same-model draw writes results.json."""
+def _papermill_results(chapter: str, parameters: dict, tmp_path: Path) -> dict:
+    """Execute ``notebooks/<chapter>.ipynb`` under papermill with ``parameters`` and an ``out_dir`` in
+    ``tmp_path``; return the results.json it wrote."""
     import papermill
 
     out = tmp_path / "out"
     papermill.execute_notebook(
-        str(NOTEBOOKS / "03_dr_forgets_unseen.ipynb"), str(tmp_path / "03.ipynb"),
-        parameters={"rounds": 4, "same_model_draws": 1, "probe_samples": 200, "out_dir": str(out)},
-        cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
+        str(NOTEBOOKS / f"{chapter}.ipynb"), str(tmp_path / f"{chapter}.ipynb"),
+        parameters={**parameters, "out_dir": str(out)}, cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
     )
-    results = json.loads((out / "results.json").read_text())
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
+def test_chapter_03_under_papermill(tmp_path):
+    """Slow (about 30 s on 2 CPU cores): chapter 03 with 4 rounds and one same-model draw writes results.json."""
+    results = _papermill_results("03_dr_forgets_unseen", {"rounds": 4, "same_model_draws": 1, "probe_samples": 200},
+                                 tmp_path)
     assert results["config"]["parameters"]["rounds"] == 4
     assert set(results["config"]["runs"]) == {"CE (fedavg)", "DR (dr)"}
     runs = results["results"]["runs_mean_over_rounds"]
@@ -129,22 +135,16 @@ def test_chapter_03_under_papermill(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
 def test_chapter_04_under_papermill(tmp_path):
-    """Slow (about a minute on 2 CPU cores): chapter 04 with 4 rounds and a 3-value beta sweep writes results.json."""
-    import papermill
-
-    out = tmp_path / "out"
-    papermill.execute_notebook(
-        str(NOTEBOOKS / "04_feature_distillation.ipynb"), str(tmp_path / "04.ipynb"),
-        parameters={"rounds": 4, "beta_grid": [1.0, 0.5], "probe_samples": 200, "out_dir": str(out)},
-        cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
-    )
-    results = json.loads((out / "results.json").read_text())
+    """Slow (about 45 s on 2 CPU cores): chapter 04 with 4 rounds and a 3-value beta sweep writes results.json."""
+    results = _papermill_results("04_feature_distillation", {"rounds": 4, "beta_grid": [1.0, 0.5], "probe_samples": 200},
+                                 tmp_path)
     assert results["config"]["parameters"]["rounds"] == 4
     # the sweep always adds plain DR (1.0) and FedDr+'s beta (0.9) to the grid it is given
     assert sorted(float(b) for b in results["results"]["beta_sweep_one_round"]) == [0.5, 0.9, 1.0]
     for label, acc in results["results"]["global_acc"].items():
         assert 0.0 <= acc["final_acc"] <= 1.0, label
     assert {c["claim"] for c in results["results"]["claims"]} >= {"DR global accuracy below FedDr+'s (final)"}
+
 
 def test_binder_requirements_match_the_pins():
     """binder/requirements.txt = requirements.txt's pins without `-e .` (postBuild installs the kit)."""
@@ -187,6 +187,7 @@ def test_teaching_head_tables():
     from feddr_kit import heads, teaching
 
     assert teaching.etf_checks(heads.simplex_etf(5, 4))["angle_err"] < 1e-6
+    assert teaching.claim("a < b", 1.0, 2.0)["held"] and not teaching.claim("a < b", 2.0, 2.0)["held"]
     t = teaching.head_cosine_table((3, 6), dim=8)
     assert set(t["head"]) == {"simplex ETF", "random orthonormal", "random init"}
     assert len(t) == 3 * (3 + 15)
