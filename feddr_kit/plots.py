@@ -139,9 +139,10 @@ def force_quiver(V, y: int = 0, extent: float = 2.0, n: int = 11, axes=None):
     """Three quiver panels of the forces on 2-D features of class ``y`` in front of a head ``V`` ``[C, 2]``.
 
     Left: the cross-entropy *pulling* force ``(1 - p_y) v_y``; middle: the *pushing* force
-    ``-Σ_{c≠y} p_c v_c``; right: the dot-regression force (minus its gradient). Arrows are drawn
-    to one common scale within each panel; the class vectors are the black/grey arrows from the
-    origin. Returns the array of three Axes.
+    ``-Σ_{c≠y} p_c v_c``; right: the dot-regression force (minus its gradient). All three panels
+    share one arrow scale (the longest arrow of the figure spans one grid cell), so lengths compare
+    across panels; the dotted circle is the unit circle, where the class vectors' tips lie (they
+    are drawn longer, black/grey, for visibility). Returns the array of three Axes.
     """
     from . import teaching
 
@@ -157,8 +158,12 @@ def force_quiver(V, y: int = 0, extent: float = 2.0, n: int = 11, axes=None):
     panels = [(pull, PULL_COLOR, f"CE pulling force $(1-p_{y})\\,v_{y}$"),
               (push, PUSH_COLOR, f"CE pushing force $-\\sum_{{c\\neq {y}}} p_c v_c$"),
               (dr, DR_COLOR, f"dot-regression force $-\\nabla_h \\frac{{1}}{{2}}(\\cos(h, v_{y})-1)^2$")]
+    longest = max(float(F_.norm(dim=1).max()) for F_, _, _ in panels)
+    cell = 2 * extent / (n - 1)
     for ax, (F_, color, title) in zip(axes, panels):
-        ax.quiver(pts[:, 0], pts[:, 1], F_[:, 0], F_[:, 1], color=color, angles="xy", pivot="tail", width=0.006)
+        ax.quiver(pts[:, 0], pts[:, 1], F_[:, 0], F_[:, 1], color=color, angles="xy", pivot="tail", width=0.006,
+                  scale_units="xy", scale=longest / cell)
+        ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, ls=":", color="grey"))
         _draw_head(ax, V, highlight=y, scale=extent * 0.8)
         ax.set_aspect("equal")
         ax.set_xlim(-extent * 1.15, extent * 1.15)
@@ -208,6 +213,43 @@ def trajectory_plot(trajectories, V, y: int = 0, axes=None):
     return axes
 
 
+def force_explorer(angle_deg: float = 150.0, norm: float = 1.0, num_classes: int = 3, lr: float = 0.5,
+                   y: int = 0, ax=None):
+    """One 2-D feature of class ``y`` and every force on it: the figure behind chapter 01's widget.
+
+    The feature sits at ``angle_deg`` degrees with length ``norm`` in front of ``num_classes``
+    unit class vectors evenly spaced on the circle (:func:`feddr_kit.teaching.circle_head`). Arrows
+    from the feature: CE's pull, CE's push, their sum (CE's total force) and the dot-regression
+    force, all drawn to the true scale of one step of size ``lr``; hollow markers show where one such
+    step of CE and of DR takes the feature. Returns the Axes.
+    """
+    from . import teaching
+
+    V = teaching.circle_head(int(num_classes))
+    f = teaching.forces_at(angle_deg, norm, V, y=y, lr=lr)
+    ax = _axes(ax, figsize=(6.2, 6.2))
+    reach = max(1.3, 1.2 * float(max(f["h"].norm(), f["h_ce"].norm(), f["h_dr"].norm())))
+    ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, ls=":", color="grey"))
+    _draw_head(ax, V, highlight=y, scale=1.0)
+    h = f["h"].numpy()
+    for key, color, label in (("ce_pull", PULL_COLOR, "CE pull"), ("ce_push", PUSH_COLOR, "CE push"),
+                              ("ce", "black", "CE total"), ("dr", DR_COLOR, "DR")):
+        step = lr * f[key].numpy()
+        ax.annotate("", xy=h + step, xytext=h, arrowprops=dict(arrowstyle="-|>", color=color, lw=2))
+        ax.plot([], [], color=color, lw=2, label=f"{label} (x lr)")
+    ax.plot(*h, "k*", markersize=14, label="feature h")
+    ax.plot(*f["h_ce"].numpy(), "o", mfc="none", mec="black", markersize=10, label="after one CE step")
+    ax.plot(*f["h_dr"].numpy(), "o", mfc="none", mec=DR_COLOR, markersize=10, label="after one DR step")
+    ax.set_xlim(-reach, reach)
+    ax.set_ylim(-reach, reach)
+    ax.set_aspect("equal")
+    ax.set_xlabel("feature $h_1$")
+    ax.set_ylabel("feature $h_2$")
+    ax.set_title(f"C = {int(num_classes)}, |h| = {norm:g}, angle {angle_deg:g}°: $p_{y}$ = {f['p_y']:.2f}")
+    ax.legend(loc="lower left", fontsize="x-small")
+    return ax
+
+
 # --------------------------------------------------------------------------- chapter 02
 def head_vectors(V, ax=None, title: str | None = None):
     """Draw the rows of a head ``V`` ``[C, 2]`` or ``[C, 3]`` as arrows from the origin (3-D for d = 3).
@@ -254,7 +296,7 @@ def gram_heatmap(G, ax=None, title: str | None = None, annotate: bool | None = N
     """Heatmap of a Gram matrix ``V Vᵀ`` ``[C, C]`` (diagonal: squared norms; off-diagonal: inner products)."""
     G = np.asarray(G, dtype=float)
     ax = _axes(ax, figsize=(5.2, 4.4))
-    annotate = G.shape[0] <= 10 if annotate is None else annotate
+    annotate = G.shape[0] <= 6 if annotate is None else annotate
     sns.heatmap(G, ax=ax, cmap="RdBu_r", vmin=-1, vmax=1, center=0, square=True, annot=annotate, fmt=".2f",
                 cbar_kws={"label": "$\\langle v_i, v_j \\rangle$"})
     ax.set_xlabel("class $j$")
@@ -283,6 +325,26 @@ def etf_gram(num_classes: int = 4, dim: int = 3, seed: int = 0, ax=None):
     C = int(num_classes)
     title = f"simplex ETF, C = {C}, d = {dim}\noff-diagonal $-1/(C-1)$ = {-1 / (C - 1):.3f}"
     return gram_heatmap(teaching.gram(V), ax=ax, title=title)
+
+
+def head_grams(num_classes: int = 10, dim: int = 16, seed: int = 0, axes=None):
+    """Gram matrices of a simplex ETF and of a random-init head side by side (chapter 02's widget).
+
+    Both heads are ``[num_classes, dim]``, from ``fk.heads.simplex_etf`` and ``fk.heads.random_head``
+    with ``seed``; the random head's rows are normalised first, so both panels show cosines. The
+    ETF's panel does not change with ``dim`` (as long as ``dim >= C - 1``); the random head's
+    off-diagonal cosines shrink like ``1/sqrt(dim)``. Returns the two Axes.
+    """
+    from . import heads, teaching
+
+    C, d = int(num_classes), int(dim)
+    axes = _panel_row(axes, 2, (5.2, 4.4), None)
+    etf_gram(C, d, seed, ax=axes[0])
+    R = torch.nn.functional.normalize(heads.random_head(C, d, seed).double(), dim=1)
+    off = teaching.pairwise_cosines(R)
+    gram_heatmap(teaching.gram(R), ax=axes[1],
+                 title=f"random init, C = {C}, d = {d}\noff-diagonal cosines: std {off.std():.3f} (1/sqrt(d) = {d ** -0.5:.3f})")
+    return axes
 
 
 def cosine_distribution(table, ax=None, title: str | None = None):

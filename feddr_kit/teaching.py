@@ -136,6 +136,50 @@ def descent_trajectory(h0, V: torch.Tensor, y: int, loss: str = "ce", lr: float 
     return df
 
 
+def alignment_race(V: torch.Tensor, y: int, starts: dict[str, float], norms=(1.0, 3.0, 10.0),
+                   lrs=(0.1, 0.5, 2.0), steps: int = 30) -> pd.DataFrame:
+    """Which loss aligns a free 2-D feature faster, from several starting points, norms and step sizes.
+
+    ``starts`` maps a label to a starting angle in degrees (measured from the first axis); for each
+    start, norm and lr, :func:`descent_trajectory` runs ``steps`` steps of CE and of DR from
+    ``norm · (cos a, sin a)``. Returns one row per (start, norm, lr) with the final
+    ``cos(h, v_y)`` of each loss (``ce``, ``dr``) and ``faster``: the loss that ends better aligned.
+    """
+    rows = []
+    for label, angle in starts.items():
+        a = math.radians(float(angle))
+        u = torch.tensor([math.cos(a), math.sin(a)], dtype=torch.float64)
+        for norm in norms:
+            for lr in lrs:
+                end = {loss: float(descent_trajectory(norm * u, V, y, loss, lr=lr, steps=steps)["cos_true"].iloc[-1])
+                       for loss in ("ce", "dr")}
+                rows.append({"start": label, "norm": float(norm), "lr": float(lr), **end,
+                             "faster": "ce" if end["ce"] > end["dr"] else "dr"})
+    return pd.DataFrame(rows)
+
+
+def forces_at(angle_deg: float, norm: float, V: torch.Tensor, y: int = 0, lr: float = 0.5) -> dict:
+    """Every force on one 2-D feature of class ``y``, and where one descent step of each loss takes it.
+
+    The feature is ``h = norm · (cos a, sin a)`` with ``a = angle_deg`` (degrees, measured from the
+    first axis), in front of the head ``V`` ``[C, 2]``. Returns a dict of float64 ``[2]`` tensors:
+    ``h``; the cross-entropy forces ``ce_pull`` = ``(1 - p_y) v_y``, ``ce_push`` = ``-Σ_{c≠y} p_c v_c``
+    and their sum ``ce``; the dot-regression force ``dr``; the features after one step of size
+    ``lr``, ``h_ce`` = ``h + lr·ce`` and ``h_dr`` = ``h + lr·dr``; and the float ``p_y``.
+    """
+    if not norm > 0:
+        raise FeddrKitError(f"norm must be > 0 (the dot-regression force is undefined at h = 0), got {norm!r}")
+    V = torch.as_tensor(V, dtype=torch.float64)
+    a = math.radians(float(angle_deg))
+    h = float(norm) * torch.tensor([[math.cos(a), math.sin(a)]], dtype=torch.float64)
+    pull, push = ce_forces(h, V, y)
+    dr = dr_force(h, V, y)
+    p_y = float(torch.softmax(h @ V.T, dim=1)[0, int(y)])
+    ce = pull + push
+    return {"h": h[0], "ce_pull": pull[0], "ce_push": push[0], "ce": ce[0], "dr": dr[0],
+            "h_ce": (h + lr * ce)[0], "h_dr": (h + lr * dr)[0], "p_y": p_y}
+
+
 # --------------------------------------------------------------------------- chapter 02: heads
 def gram(head: torch.Tensor) -> torch.Tensor:
     """Gram matrix ``V Vᵀ`` ``[C, C]`` (float64) of a head ``[C, d]``."""

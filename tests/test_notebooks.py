@@ -183,6 +183,39 @@ def test_teaching_forces_split_and_dr_only_rotates():
     assert table["ce"].iloc[1] < table["ce"].iloc[0]
 
 
+def test_forces_at_matches_the_grid_forces_and_one_step():
+    import math
+
+    import torch
+
+    from feddr_kit import teaching
+    from feddr_kit.errors import FeddrKitError
+
+    V = teaching.circle_head(5)
+    f = teaching.forces_at(200.0, 2.5, V, y=1, lr=0.3)
+    h = 2.5 * torch.tensor([[math.cos(math.radians(200.0)), math.sin(math.radians(200.0))]], dtype=torch.float64)
+    pull, push = teaching.ce_forces(h, V, 1)
+    assert torch.allclose(f["h"], h[0]) and torch.allclose(f["ce"], (pull + push)[0])
+    assert torch.allclose(f["h_dr"], h[0] + 0.3 * teaching.dr_force(h, V, 1)[0])
+    assert abs(f["p_y"] - float(torch.softmax(h @ V.T, 1)[0, 1])) < 1e-12
+    with pytest.raises(FeddrKitError, match="norm"):
+        teaching.forces_at(0.0, 0.0, V)
+
+
+def test_alignment_race_names_the_loss_that_ends_better_aligned():
+    from feddr_kit import teaching
+
+    V = teaching.circle_head(3)
+    race = teaching.alignment_race(V, 0, {"a": 120.0, "b": -30.0}, norms=(1.0, 10.0), lrs=(0.5,), steps=5)
+    assert len(race) == 2 * 2 and set(race["start"]) == {"a", "b"}
+    for _, row in race.iterrows():
+        end = {loss: teaching.descent_trajectory([row["norm"] * c for c in
+                                                  ((-0.5, 3 ** 0.5 / 2) if row["start"] == "a" else (3 ** 0.5 / 2, -0.5))],
+                                                 V, 0, loss, lr=0.5, steps=5)["cos_true"].iloc[-1] for loss in ("ce", "dr")}
+        assert abs(row["ce"] - end["ce"]) < 1e-9 and abs(row["dr"] - end["dr"]) < 1e-9
+        assert row["faster"] == max(end, key=end.get)
+
+
 def test_teaching_head_tables():
     from feddr_kit import heads, teaching
 
