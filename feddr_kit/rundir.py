@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import socket
 import warnings
@@ -21,6 +20,11 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import FeddrKitError
+
+try:
+    import fcntl
+except ImportError:  # Windows: an exclusive-create lock, which a killed run leaves behind
+    fcntl = None
 
 LOCK = ".lock"
 # The files a run writes; their presence means the folder already holds a run's results.
@@ -109,6 +113,8 @@ def _holder(fd: int) -> str:
 def _lock(out_dir: Path) -> int:
     """Take ``out_dir/.lock``; returns its open descriptor. Refuses a lock that a live process holds."""
     path = out_dir / LOCK
+    if fcntl is None:
+        return _lock_exclusive_create(out_dir)
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
@@ -137,6 +143,21 @@ def _lock(out_dir: Path) -> int:
                       stacklevel=4)
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    return fd
+
+
+def _lock_exclusive_create(out_dir: Path) -> int:
+    """Without ``flock``: the lock is the file's existence; a stale one must be deleted by hand."""
+    path = out_dir / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    except FileExistsError:
+        raise FeddrKitError(f"out_dir: {out_dir} is in use by another run ({path.read_text(errors='replace').strip()}); "
+                            f"wait for it to end, or delete {path} if that run no longer exists") from None
+    except OSError as err:
+        raise FeddrKitError(f"out_dir: cannot write in {out_dir} ({err.strerror or err}); "
+                            "pass a folder you can write to") from None
     os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
     return fd
 
