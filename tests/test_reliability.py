@@ -369,7 +369,7 @@ def test_readme_and_quickstart_agree_on_classes_per_client():
     readme = (REPO / "README.md").read_text()
     for text in (readme, nb.cells[0].source):
         assert "2 shards (at most 2 classes) each" in text and "2 classes each" not in text
-    part = fk.partition.shard(np.repeat(np.arange(10), 50), np.repeat(np.arange(10), 10), 100, 2, seed=0)
+    part = fk.partition.shard(np.repeat(np.arange(10), 100), np.repeat(np.arange(10), 20), 100, 2, seed=0)
     per_client = (part.counts("train") > 0).sum(axis=1)
     assert per_client.max() == 2 and per_client.min() == 1
 
