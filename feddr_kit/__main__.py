@@ -5,10 +5,13 @@ import argparse
 import json
 import sys
 import typing
+import warnings
 from dataclasses import MISSING, fields
 
 from .config import Config
-from .errors import FeddrKitError
+from .errors import DivergedError, FeddrKitError
+
+EXAMPLE = "python -m feddr_kit run --dataset synthetic --rounds 4 --out-dir runs/try"
 
 
 def _parse_bool(text: str) -> bool:
@@ -20,6 +23,13 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _out_dir(text: str) -> str:
+    if text.lower() == "none":
+        raise argparse.ArgumentTypeError("'none' is not taken as a folder name: leave out --out-dir to save "
+                                         "nothing, or write ./none for a folder called none")
+    return text
+
+
 def _optional(kind):
     def parse(text: str):
         return None if text.lower() == "none" else kind(text)
@@ -29,8 +39,10 @@ def _optional(kind):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser: subcommand ``run`` with one ``--flag`` per ``Config`` field."""
-    parser = argparse.ArgumentParser(prog="python -m feddr_kit", description="feddr_kit: federated runs of FedDr+ and its baselines")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="python -m feddr_kit", description="feddr_kit: federated runs of FedDr+ and its baselines",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=f"example:\n  {EXAMPLE}\n\n'python -m feddr_kit run --help' lists every setting.")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     run = sub.add_parser("run", help="run one federated training and print its summary",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     hints = typing.get_type_hints(Config)
@@ -39,8 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         default = f.default if f.default is not MISSING else f.default_factory()
         flag = "--" + f.name.replace("_", "-")
         kw = {"default": default, "help": f.metadata.get("help", "").replace("%", "%%"), "dest": f.name}
-        if "bool" in hint:
-            kw.update(type=_parse_bool, metavar="BOOL")
+        if f.name == "out_dir":
+            kw.update(type=_out_dir, help=kw["help"] + " (the word none is refused, not taken as a folder name)")
+        elif f.name == "regularizer":  # "none" is a regularizer choice (no regularizer), not None
+            kw.update(type=str)
+        elif "bool" in hint:  # --flag alone means true
+            kw.update(type=_parse_bool, metavar="BOOL", nargs="?", const=True)
         elif "tuple" in hint:
             kw.update(type=float, nargs="+", metavar="FRACTION")
         elif "float" in hint:
@@ -50,23 +66,40 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             kw.update(type=_optional(str) if "None" in hint else str)
         run.add_argument(flag, **kw)
-    run.add_argument("--resume", action="store_true", help="continue from out_dir/checkpoint.pt")
+    run.add_argument("--resume", action="store_true", help="continue from out_dir/checkpoint.pt (rounds and lr may change)")
     return parser
 
 
+def _plain_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    args = vars(build_parser().parse_args(argv))
+    """Entry point; returns the process exit code (0 done, 1 the run diverged, 2 bad input)."""
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        parser.print_help(sys.stderr)
+        return 2
+    args = vars(parser.parse_args(argv))
     args.pop("command")
     resume = args.pop("resume")
-    try:
-        from .federated import run
+    with warnings.catch_warnings():  # warnings as one plain sentence each, without a source line
+        warnings.showwarning = _plain_warning
+        try:
+            from .federated import run, schedule_note
 
-        cfg = Config.from_dict(args)
-        result = run(cfg, resume=resume)
-    except FeddrKitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+            cfg = Config.from_dict(args)
+            note = schedule_note(cfg)
+            if note:
+                print(note, file=sys.stderr)
+            result = run(cfg, resume=resume)
+        except DivergedError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        except FeddrKitError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     s = result.summary
     print(json.dumps(s, indent=2))
     print(f"\n{cfg.algorithm} on {cfg.dataset} ({cfg.partition}): final accuracy {s['final_acc']:.2%}, "

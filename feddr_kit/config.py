@@ -9,8 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+import numpy as np
 
 from .errors import FeddrKitError
 
@@ -35,15 +39,15 @@ class Config:
     # model and algorithm
     model: str = field(default="cnn", metadata={"help": "cnn | vgg11 | mobilenet (paper: vgg11 for CIFAR-10, mobilenet for CIFAR-100)"})
     algorithm: str = field(default="feddr+", metadata={"help": "fedavg | fedbabu | scaffold | fedntd | fedexp | spherefed | fedetf | dr | feddr+"})
-    regularizer: str | None = field(default=None, metadata={"help": "none | prox | kd | ntd | ld | fd; None = the algorithm's own (fd for feddr+)"})
+    regularizer: str | None = field(default=None, metadata={"help": "none (no regularizer) | prox | kd | ntd | ld | fd; None (flag left out) = the algorithm's own (fd for feddr+); a run records the one it used"})
     beta: float = field(default=0.9, metadata={"help": "weight of the algorithm's loss in beta*L_alg + (1-beta)*L_reg (paper: 0.9)"})
     # optimization
     rounds: int = field(default=40, metadata={"help": "communication rounds (paper: 320)"})
     clients_per_round: int = field(default=10, metadata={"help": "clients sampled per round (paper: 10 = 10%)"})
     local_epochs: int = field(default=2, metadata={"help": "local epochs E (paper: 10 on CIFAR-10, 3 on CIFAR-100)"})
     batch_size: int = field(default=50, metadata={"help": "local batch size (paper: 50)"})
-    lr: float | None = field(default=None, metadata={"help": "initial local learning rate; None = the algorithm's default for the model"})
-    lr_decay_at: tuple[float, ...] = field(default=(0.5, 0.75), metadata={"help": "fractions of the rounds where the lr is multiplied by lr_gamma"})
+    lr: float | None = field(default=None, metadata={"help": "initial local learning rate lr0; None = the algorithm's default for the model; may change on resume"})
+    lr_decay_at: tuple[float, ...] = field(default=(0.5, 0.75), metadata={"help": "fractions of the rounds where the lr is multiplied by lr_gamma (a list; empty: constant lr)"})
     lr_gamma: float = field(default=0.1, metadata={"help": "lr decay factor"})
     momentum: float = field(default=0.9, metadata={"help": "SGD momentum (reset for every client every round)"})
     weight_decay: float = field(default=1e-5, metadata={"help": "SGD weight decay"})
@@ -53,7 +57,8 @@ class Config:
     probe_samples: int = field(default=500, metadata={"help": "class-balanced test images used by the probes"})
     seed: int = field(default=0, metadata={"help": "seed of model init, client sampling and local batches"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
-    out_dir: str | None = field(default=None, metadata={"help": "folder for config.json, history.csv, summary.json, checkpoint.pt"})
+    out_dir: str | None = field(default=None, metadata={"help": "folder for config.json, history.csv, summary.json, checkpoint.pt, owned by one run at a time; left out: nothing is saved"})
+    overwrite: bool = field(default=False, metadata={"help": "let a fresh run replace the results already in out_dir (without it, such a run is refused)"})
     checkpoint_every: int = field(default=5, metadata={"help": "rounds between checkpoints when out_dir is set (0: only at the end)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     # algorithm hyper-parameters (used by the methods that need them)
@@ -63,8 +68,15 @@ class Config:
     spherefed_calibration: bool = field(default=False, metadata={"help": "SphereFed closed-form head calibration after training"})
 
     def __post_init__(self) -> None:
-        if isinstance(self.lr_decay_at, list):
-            self.lr_decay_at = tuple(self.lr_decay_at)
+        for f in fields(self):  # NumPy scalars (np.int64(10), np.float32(0.1)) as the Python numbers they are
+            v = getattr(self, f.name)
+            if isinstance(v, np.generic):
+                setattr(self, f.name, v.item())
+        if isinstance(self.lr_decay_at, (list, tuple, np.ndarray)):
+            self.lr_decay_at = tuple(v.item() if isinstance(v, np.generic) else v for v in self.lr_decay_at)
+        for name in ("out_dir", "data_path"):
+            if isinstance(getattr(self, name), os.PathLike):
+                setattr(self, name, os.fspath(getattr(self, name)))
         self.validate()
 
     # ---------------------------------------------------------------- validation
@@ -85,11 +97,22 @@ class Config:
 
         def real(name: str, low: float, high: float, low_open: bool = False) -> None:
             v = getattr(self, name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
             ok = ok and (low < v if low_open else low <= v) and v <= high
             if not ok:
-                left = "(" if low_open else "["
-                raise FeddrKitError(f"{name} must be a number in {left}{low}, {high}], got {v!r}")
+                if high == math.inf:
+                    rng = f"a finite number {'>' if low_open else '>='} {low:g}"
+                else:
+                    rng = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+                raise FeddrKitError(f"{name} must be {rng}, got {v!r}")
+
+        def boolean(name: str) -> None:
+            if not isinstance(getattr(self, name), bool):
+                raise FeddrKitError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+        def path(name: str) -> None:
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise FeddrKitError(f"{name} must be a folder path (str or os.PathLike) or None, got {getattr(self, name)!r}")
 
         choice("dataset", DATASETS)
         choice("partition", PARTITIONS)
@@ -98,6 +121,10 @@ class Config:
         if self.regularizer is not None:
             choice("regularizer", REGULARIZERS)
         choice("device", DEVICES)
+        path("data_path")
+        path("out_dir")
+        for name in ("probes", "progress", "overwrite", "spherefed_calibration"):
+            boolean(name)
         if self.dataset == "imagefolder" and not self.data_path:
             raise FeddrKitError("data_path must name a folder with train/ and test/ when dataset='imagefolder'")
         integer("num_clients", 1)
@@ -112,8 +139,10 @@ class Config:
         integer("batch_size", 1)
         if self.lr is not None:
             real("lr", 0.0, math.inf, low_open=True)
-        if not all(isinstance(f, (int, float)) and 0 < f < 1 for f in self.lr_decay_at):
-            raise FeddrKitError(f"lr_decay_at must be fractions strictly between 0 and 1, got {self.lr_decay_at!r}")
+        if not isinstance(self.lr_decay_at, tuple) or not all(
+                isinstance(f, numbers.Real) and not isinstance(f, bool) and 0 < f < 1 for f in self.lr_decay_at):
+            raise FeddrKitError(f"lr_decay_at must be a list of fractions strictly between 0 and 1 "
+                                f"(e.g. [0.5, 0.75]; [] for a constant lr), got {self.lr_decay_at!r}")
         real("lr_gamma", 0.0, 1.0, low_open=True)
         real("momentum", 0.0, 1.0)
         if self.momentum >= 1.0:

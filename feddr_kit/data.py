@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import shutil
 import socket
 import tempfile
 import warnings
@@ -252,11 +253,17 @@ def _load_torchvision(name: str, cls_name: str, folder: Path, download: bool) ->
 
     dataset_cls = getattr(torchvision.datasets, cls_name)
     old_timeout = socket.getdefaulttimeout()
+    made = None  # the outermost folder this call creates: removed again if the download fails
     if download:
+        made = next((f for f in [*reversed(folder.parents), folder] if not f.exists()), None)
         folder.mkdir(parents=True, exist_ok=True)
         socket.setdefaulttimeout(_DOWNLOAD_TIMEOUT_S)
     try:
         splits = [dataset_cls(str(folder), train=t, download=download) for t in (True, False)]
+    except BaseException:
+        if made is not None:  # it holds only what this failed download put there
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     finally:
         socket.setdefaulttimeout(old_timeout)
     xs = [torch.from_numpy(s.data).permute(0, 3, 1, 2).contiguous() for s in splits]

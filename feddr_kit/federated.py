@@ -27,16 +27,18 @@ from tqdm.auto import tqdm
 
 from . import partition as partition_mod
 from . import probes as probes_mod
-from .algorithms import Algorithm, Batch, ClientContext, get_algorithm
+from . import rundir
+from .algorithms import ALGORITHMS, Algorithm, Batch, ClientContext, get_algorithm
 from .config import Config
 from .data import ImageData, load
-from .errors import FeddrKitError
+from .errors import DivergedError, FeddrKitError
 from .models import Net, build_model
 from .partition import Partition
 
 CHECKPOINT = "checkpoint.pt"
-# Fields that may differ between a run and its resumption without changing its results.
-RESUMABLE_CHANGES = {"rounds", "progress", "out_dir", "checkpoint_every", "device"}
+# Fields that may differ between a run and its resumption. rounds and lr change the results from the
+# resumed round on (the schedule is recomputed; a smaller lr is the way on after a divergence).
+RESUMABLE_CHANGES = {"rounds", "lr", "progress", "out_dir", "overwrite", "checkpoint_every", "device"}
 
 
 @dataclass
@@ -75,6 +77,23 @@ def lr_at(cfg: Config, lr0: float, round: int) -> float:
     """
     passed = sum(round >= int(f * cfg.rounds) for f in cfg.lr_decay_at)
     return lr0 * cfg.lr_gamma**passed
+
+
+def schedule_note(cfg: Config) -> str | None:
+    """A one-line note when the lr schedule decays before the run's second evaluation, else None.
+
+    Short runs with the default ``lr_decay_at`` (e.g. 2 rounds: round 2 runs at lr/100) are the case.
+    """
+    if not cfg.lr_decay_at or cfg.lr_gamma == 1.0:
+        return None
+    evaluated = [t for t in range(cfg.rounds) if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1]
+    first_decay = min(int(f * cfg.rounds) for f in cfg.lr_decay_at)
+    if first_decay >= cfg.rounds or first_decay > evaluated[min(1, len(evaluated) - 1)]:
+        return None
+    last = lr_at(cfg, 1.0, cfg.rounds - 1)
+    return (f"note: with rounds={cfg.rounds}, lr_decay_at={list(cfg.lr_decay_at)} and lr_gamma={cfg.lr_gamma:g}, the lr "
+            f"drops from round {first_decay + 1} on, before a second evaluation (the last round runs at {last:g} x lr0); "
+            "raise rounds, or pass --lr-gamma 1 for a constant lr")
 
 
 def sample_clients(seed: int, round: int, num_clients: int, per_round: int) -> np.ndarray:
@@ -125,6 +144,17 @@ def make_partition(cfg: Config, data: ImageData) -> Partition:
     return partition_mod.iid(y, ty, cfg.num_clients, seed=seed)
 
 
+def check_partition(part: Partition, data: ImageData, cfg: Config) -> None:
+    """Raise :class:`FeddrKitError` unless ``part`` has ``cfg.num_clients`` clients and indexes into ``data``."""
+    if part.num_clients != cfg.num_clients:
+        raise FeddrKitError(f"partition has {part.num_clients} clients but num_clients={cfg.num_clients}")
+    for split, indices, n in (("train", part.train_indices, len(data.train_y)), ("test", part.test_indices, len(data.test_y))):
+        top = max((int(t.max()) for t in indices if len(t)), default=-1)
+        if top >= n:
+            raise FeddrKitError(f"partition: its {split} indices reach {top} but the data has {n} {split} images; "
+                                "make the partition from this data's labels")
+
+
 def load_data(cfg: Config) -> ImageData:
     """Load the config's dataset (``data_path`` for image folders)."""
     if cfg.dataset == "imagefolder":
@@ -139,6 +169,7 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
+        os.chmod(tmp, rundir.FILE_MODE)  # the mode a plain open() gives, not mkstemp's 0600
         write(tmp)
         os.replace(tmp, path)
     finally:
@@ -218,28 +249,42 @@ def run(
 
     ``overrides`` replace config fields (``run(cfg, rounds=5)``). ``data`` / ``partition`` reuse
     already-loaded ones (they must match the config). ``resume=True`` continues from
-    ``out_dir/checkpoint.pt``. ``callback(row)`` is called after every evaluated round with the
-    history row (a dict) — for live plots, or to stop a run by raising.
+    ``out_dir/checkpoint.pt`` (``rounds`` and ``lr`` may change). ``callback(row)`` is called after
+    every evaluated round with the history row (a dict) — for live plots, or to stop a run by raising.
+
+    With ``out_dir``, the run owns that folder while it runs (:func:`feddr_kit.rundir.claim`): another
+    run into it is refused, and so is a fresh run into a folder holding results unless ``cfg.overwrite``.
+    ``regularizer=None`` is replaced by the algorithm's own in the returned and saved config.
     """
     cfg = (cfg or Config()).replace(**overrides) if overrides else (cfg or Config())
+    if cfg.regularizer is None:  # record the regularizer actually used (fd for feddr+), never None
+        cfg = cfg.replace(regularizer=ALGORITHMS[cfg.algorithm].default_regularizer)
+    if not cfg.out_dir:
+        if resume:
+            raise FeddrKitError("resume=True needs out_dir: the folder holding checkpoint.pt")
+        return _run(cfg, None, None, data, partition, callback)
+    with rundir.claim(Path(cfg.out_dir), resume=resume, overwrite=cfg.overwrite) as out_dir:
+        checkpoint = read_checkpoint(out_dir, cfg) if resume else None
+        return _run(cfg, out_dir, checkpoint, data, partition, callback)
+
+
+def _run(cfg: Config, out_dir: Path | None, checkpoint: dict | None, data: ImageData | None,
+         partition: Partition | None, callback: Callable[[dict], None] | None) -> Result:
+    """:func:`run` once ``out_dir`` (or None) is owned and, when resuming, its ``checkpoint`` read."""
     device = resolve_device(cfg.device)
     if device.type == "cuda":  # TF32 matmuls/convolutions: float32 results up to noise, much faster
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
-    if resume and out_dir is None:
-        raise FeddrKitError("resume=True needs out_dir: the folder holding checkpoint.pt")
 
     data = (data or load_data(cfg)).to(device)
     part = partition if partition is not None else make_partition(cfg, data)
-    if part.num_clients != cfg.num_clients:
-        raise FeddrKitError(f"partition has {part.num_clients} clients but num_clients={cfg.num_clients}")
+    check_partition(part, data, cfg)
     mean_size = len(data.train_y) // cfg.num_clients
 
     torch.manual_seed(cfg.seed)
     algo = get_algorithm(cfg)
-    model = build_model(cfg.model, data.num_classes).to(device)
+    model = build_model(cfg.model, data.num_classes, image_size=data.image_shape[1:]).to(device)
     algo.setup(model, cfg.seed)
     lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
     teacher = build_model(cfg.model, data.num_classes).to(device)
@@ -250,8 +295,8 @@ def run(
     local_list = list(local_state.values())
 
     start, rows, round_seconds = 0, [], []
-    if resume:
-        start, global_state, rows, round_seconds = _restore(out_dir, cfg, algo, device)
+    if checkpoint is not None:
+        start, global_state, rows, round_seconds = _restore(checkpoint, algo, device)
     if out_dir is not None:
         write_text(out_dir / "config.json", cfg.to_json() + "\n")
 
@@ -369,9 +414,9 @@ def train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx
         steps += 1
     mean_loss = float(total) / max(steps, 1)
     if not math.isfinite(mean_loss):
-        raise FloatingPointError(
+        raise DivergedError(
             f"round {ctx.round + 1}, client {ctx.client}: the local loss became {mean_loss} at lr={ctx.lr:g}; "
-            "try a smaller learning rate (the last good checkpoint in out_dir is kept)"
+            "try a smaller learning rate (the last good checkpoint in out_dir is kept: resume from it with a smaller lr)"
         )
     return mean_loss
 
@@ -384,7 +429,10 @@ def probe_view(model: Net, algo: Algorithm, data: ImageData, x: torch.Tensor, y:
 
 
 def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr0: float) -> dict[str, Any]:
-    """Summary of a run: final / best / mean-of-last-5 accuracy, median seconds per round, the setting."""
+    """Summary of a run: final / best / mean-of-last-5 accuracy, median seconds per round, the setting.
+
+    ``lr0`` is the initial lr of the schedule in force (after a resume with a new lr, the new one).
+    """
     acc = history["test_acc"]
     return {
         "final_acc": float(acc.iloc[-1]),
@@ -399,7 +447,7 @@ def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr
         "model": cfg.model,
         "dataset": cfg.dataset,
         "partition": cfg.partition,
-        "lr": lr0,
+        "lr0": lr0,
         "seed": cfg.seed,
     }
 
@@ -422,20 +470,55 @@ def _save(out_dir: Path, next_round: int, global_state: dict, algo: Algorithm, r
     write_text(out_dir / "history.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
-def _restore(out_dir: Path, cfg: Config, algo: Algorithm, device: torch.device):
+# Keys a checkpoint must hold to be resumed from.
+CHECKPOINT_KEYS = ("next_round", "config", "global_state", "algorithm_state", "history", "round_seconds",
+                   "torch_rng", "numpy_rng")
+
+
+def read_checkpoint(out_dir: Path, cfg: Config) -> dict:
+    """Read ``out_dir/checkpoint.pt`` for a resume of ``cfg`` and check that ``cfg`` may continue it.
+
+    Raises :class:`FeddrKitError` (one line, the file left in place) when it is missing or
+    unreadable, when a field outside :data:`RESUMABLE_CHANGES` differs, or when ``cfg.rounds`` is
+    below the rounds already done. A changed ``rounds`` or ``lr`` is announced with a warning.
+    """
     path = out_dir / CHECKPOINT
     if not path.exists():
         raise FeddrKitError(f"resume=True but there is no checkpoint at {path}; run without resume first")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    saved = ckpt["config"]
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
+    except Exception as err:  # truncated, not a torch file, not a dict: all mean the same to the user
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        raise FeddrKitError(f"resume: {path} is unreadable ({type(err).__name__}: {reason}); it was left in place, "
+                            "move it away to start afresh with overwrite") from None
+    if missing:
+        raise FeddrKitError(f"resume: {path} is unreadable (not a feddr_kit checkpoint: no {', '.join(missing)}); "
+                            "it was left in place, move it away to start afresh with overwrite")
+    saved = dict(ckpt["config"])
+    if saved.get("regularizer") is None and saved.get("algorithm") in ALGORITHMS:  # checkpoints of older versions
+        saved["regularizer"] = ALGORITHMS[saved["algorithm"]].default_regularizer
     for name, value in cfg.to_dict().items():
-        if name not in RESUMABLE_CHANGES and saved.get(name) != value:
+        if name not in RESUMABLE_CHANGES and saved.get(name, value) != value:
             raise FeddrKitError(
                 f"resume: config field {name} is {value!r} but the checkpoint was made with {saved.get(name)!r}; "
                 f"only {', '.join(sorted(RESUMABLE_CHANGES))} may change on resume"
             )
+    done = ckpt["next_round"]
+    if cfg.rounds < done:
+        raise FeddrKitError(f"rounds: {done} rounds are already done in {path}; resume with rounds >= {done}")
     if saved["rounds"] != cfg.rounds:
-        warnings.warn(f"resuming with rounds={cfg.rounds} instead of {saved['rounds']}: the lr schedule is recomputed")
+        warnings.warn(f"resuming with rounds={cfg.rounds} instead of {saved['rounds']}: the lr schedule is recomputed",
+                      stacklevel=3)
+    if saved.get("lr") != cfg.lr:
+        warnings.warn(f"resuming with lr={cfg.lr} instead of {saved.get('lr')} from round {done + 1} on",
+                      stacklevel=3)
+    return ckpt
+
+
+def _restore(ckpt: dict, algo: Algorithm, device: torch.device):
+    """Load a checkpoint read by :func:`read_checkpoint`: algorithm state and RNGs; returns
+    ``(next_round, global_state, history_rows, round_seconds)``."""
     algo.load_state_dict(ckpt["algorithm_state"])
     torch.set_rng_state(ckpt["torch_rng"])
     np.random.set_state(ckpt["numpy_rng"])

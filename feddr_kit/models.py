@@ -86,17 +86,36 @@ def _mobilenet() -> tuple[nn.Module, int]:
 
 _BUILDERS = {"cnn": _cnn, "vgg11": _vgg11, "mobilenet": _mobilenet}
 MODELS = tuple(_BUILDERS)
+# Image sides (pixels) each model takes: (smallest, largest or None). cnn: two 5x5 convs and 2x2 pools
+# must leave the 5x5 maps its first linear layer expects (32-35); vgg11: five 2x2 pools must leave
+# the 1x1 map of its linear layers (32-63); mobilenet: four stride-2 stages must leave more than one
+# value per channel for BatchNorm's batch statistics on a one-image batch (>= 17), then pools globally.
+IMAGE_SIZES: dict[str, tuple[int, int | None]] = {"cnn": (32, 35), "vgg11": (32, 63), "mobilenet": (17, None)}
 
 
-def build_model(name: str, num_classes: int) -> Net:
+def check_image_size(name: str, image_size: int | tuple[int, int]) -> None:
+    """Raise :class:`FeddrKitError` unless model ``name`` takes images of ``image_size`` (side, or ``(H, W)``)."""
+    h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    low, high = IMAGE_SIZES[name]
+    if not all(low <= side and (high is None or side <= high) for side in (h, w)):
+        takes = f"{low}x{low} up to {high}x{high}" if high is not None else f"at least {low}x{low}"
+        raise FeddrKitError(f"model {name!r} takes images of {takes} pixels, but these are {h}x{w}; "
+                            f"resize the images or pick another model")
+
+
+def build_model(name: str, num_classes: int, image_size: int | tuple[int, int] | None = None) -> Net:
     """Build a model by name: ``"cnn"`` (small, CPU-friendly, d=128), ``"vgg11"`` (d=512), ``"mobilenet"`` (d=1024).
 
     The head is PyTorch's default-initialized ``nn.Linear(d, num_classes, bias=False)``; algorithms
-    replace or freeze it. Parameters are drawn from torch's global RNG (seed it first).
+    replace or freeze it. Parameters are drawn from torch's global RNG (seed it first). With
+    ``image_size`` (a side, or ``(H, W)``), images the model cannot take are refused
+    (see :data:`IMAGE_SIZES`).
     """
     if name not in _BUILDERS:
         raise FeddrKitError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
     if not isinstance(num_classes, int) or num_classes < 2:
         raise FeddrKitError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    if image_size is not None:
+        check_image_size(name, image_size)
     body, dim = _BUILDERS[name]()
     return Net(body, dim, num_classes, batch_stat_norm=(name == "mobilenet"))

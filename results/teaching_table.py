@@ -29,7 +29,7 @@ def main() -> None:
             result = fk.run(fk.Config(algorithm=algorithm, seed=seed, probes=True, progress=False), data=data)
             s = result.summary
             probes = result.history[fk.probes.PROBE_COLUMNS].mean().round(4).to_dict()
-            row = {"algorithm": algorithm, "seed": seed, "lr": s["lr"], "final_acc": round(s["final_acc"], 4),
+            row = {"algorithm": algorithm, "seed": seed, "lr": s["lr0"], "final_acc": round(s["final_acc"], 4),
                    "best_acc": round(s["best_acc"], 4), "last5_acc": round(s["last5_acc"], 4),
                    "sec_per_round": round(s["sec_per_round"], 2), "sec_per_run": round(s["total_seconds"], 1), **probes}
             print(row, flush=True)

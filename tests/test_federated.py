@@ -130,16 +130,17 @@ def test_nan_loss_names_round_and_client_and_keeps_checkpoint(synthetic, tmp_pat
     cfg = fk.Config(algorithm="fedavg", out_dir=str(tmp_path), **{**SMALL, "rounds": 3})
     fk.run(cfg, data=synthetic)
     before = (tmp_path / "checkpoint.pt").read_bytes()
-    with pytest.raises(FloatingPointError, match=r"round 1, client \d+.*smaller learning rate"):
-        fk.run(cfg.replace(lr=1e30), data=synthetic)
+    with pytest.warns(UserWarning, match="resuming with"), \
+            pytest.raises(FloatingPointError, match=r"round 4, client \d+.*smaller learning rate"):
+        fk.run(cfg.replace(lr=1e30, rounds=5), data=synthetic, resume=True)
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
 
 
 def test_resume_refuses_a_changed_config(synthetic, tmp_path):
     cfg = fk.Config(algorithm="fedavg", out_dir=str(tmp_path), **{**SMALL, "rounds": 2})
     fk.run(cfg, data=synthetic)
-    with pytest.raises(FeddrKitError, match="config field lr"):
-        fk.run(cfg.replace(lr=0.5), data=synthetic, resume=True)
+    with pytest.raises(FeddrKitError, match="config field momentum"):
+        fk.run(cfg.replace(momentum=0.5), data=synthetic, resume=True)
     with pytest.raises(FeddrKitError, match="no checkpoint"):
         fk.run(cfg.replace(out_dir=str(tmp_path / "empty")), data=synthetic, resume=True)
 
