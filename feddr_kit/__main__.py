@@ -51,12 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
             kw.update(type=_optional(str) if "None" in hint else str)
         run.add_argument(flag, **kw)
     run.add_argument("--resume", action="store_true", help="continue from out_dir/checkpoint.pt")
+    from . import sweep
+
+    sweep.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = vars(build_parser().parse_args(argv))
+    if args["command"] == "sweep":
+        from .sweep import main as sweep_main
+
+        return sweep_main(args)
     args.pop("command")
     resume = args.pop("resume")
     try:
