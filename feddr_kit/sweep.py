@@ -357,11 +357,12 @@ def table(df: pd.DataFrame, rows: str | Sequence[str], cols: str | Sequence[str]
     for k in keys:  # None (an algorithm's default) groups as its own label
         d[k] = d[k].map(lambda v: "None" if v is None or (isinstance(v, float) and math.isnan(v)) else v)
     if "seed" in d.columns:
-        dup = d[d.duplicated(keys + ["seed"], keep=False)]
-        if not dup.empty:
-            cell = dict(zip(keys, dup.iloc[0][keys]))
-            raise FeddrKitError(f"cell {cell} holds {len(dup[dup['seed'] == dup.iloc[0]['seed']])} runs with seed "
-                                f"{dup.iloc[0]['seed']}: a field outside rows/cols varies; filter df or add it to rows/cols")
+        sizes = d.groupby(keys + ["seed"], sort=False).size()
+        if (sizes > 1).any():
+            crowded = sizes[sizes > 1]
+            *cell, seed = crowded.index[0]
+            raise FeddrKitError(f"cell {dict(zip(keys, cell))} holds {crowded.iloc[0]} runs with seed {seed}: a field "
+                                "outside rows/cols varies; filter df or add it to rows/cols")
     scale = 100.0 if (value.endswith("acc") if percent is None else percent) else 1.0
     stats = d.groupby(keys, sort=False)[value].agg(["mean", "std", "count"])
 
