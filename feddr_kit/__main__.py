@@ -1,4 +1,5 @@
-"""Command line: ``python -m feddr_kit run [--field value ...]`` with every ``Config`` field as a flag."""
+"""Command line: ``python -m feddr_kit run [--field value ...]`` with every ``Config`` field as a flag,
+and ``python -m feddr_kit sweep --grid grid.json --root DIR`` for a grid of runs (:mod:`feddr_kit.sweep`)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,7 @@ from .config import Config
 from .errors import DivergedError, FeddrKitError
 
 EXAMPLE = "python -m feddr_kit run --dataset synthetic --rounds 4 --out-dir runs/try"
+SWEEP_EXAMPLE = "python -m feddr_kit sweep --grid grid.json --root runs/grid"
 
 
 def _parse_bool(text: str) -> bool:
@@ -41,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser: subcommand ``run`` with one ``--flag`` per ``Config`` field."""
     parser = argparse.ArgumentParser(prog="python -m feddr_kit", description="feddr_kit: federated runs of FedDr+ and its baselines",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=f"example:\n  {EXAMPLE}\n\n'python -m feddr_kit run --help' lists every setting.")
+                                     epilog=f"examples:\n  {EXAMPLE}\n  {SWEEP_EXAMPLE}\n\n"
+                                            "'python -m feddr_kit run --help' lists every setting.")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     run = sub.add_parser("run", help="run one federated training and print its summary",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -67,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
             kw.update(type=_optional(str) if "None" in hint else str)
         run.add_argument(flag, **kw)
     run.add_argument("--resume", action="store_true", help="continue from out_dir/checkpoint.pt (rounds and lr may change)")
+    from . import sweep
+
+    sweep.add_parser(sub)
     return parser
 
 
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     args = vars(parser.parse_args(argv))
+    if args["command"] == "sweep":
+        from .sweep import main as sweep_main
+
+        return sweep_main(args)
     args.pop("command")
     resume = args.pop("resume")
     with warnings.catch_warnings():  # warnings as one plain sentence each, without a source line

@@ -1,0 +1,523 @@
+"""Sweeps: a grid over ``Config`` fields × seeds, one resumable folder per run, and the paper's tables.
+
+::
+
+    df = fk.sweep.run({"dataset": "cifar10", "rounds": 20}, {"algorithm": ["fedavg", "feddr+"]},
+                      seeds=[0, 1, 2], root="runs/table3")
+    fk.sweep.table(df, rows="algorithm")            # "45.1 ± 1.2 (n=3)" per cell
+
+Every run lives in ``root/<name>/``, where ``<name>`` (:func:`run_dir_name`) spells the grid's
+fields (and any other that differs from the base), then the seed:
+``algorithm=feddr+__shards_per_client=5__seed=1``. A
+sweep that is killed and started again finds its folders: finished runs (``summary.json``) are
+skipped, interrupted ones (``checkpoint.pt`` without ``summary.json``) continue with the kit's
+exact resume, and the rest start fresh. ``root/sweep.json`` records the base, grid and seeds.
+
+The same folders-and-skip scheme runs a notebook once per grid point under papermill
+(:func:`run_notebook_grid`), collecting each point's ``results.json`` (:func:`collect_notebooks`).
+
+Command line: ``python -m feddr_kit sweep --grid grid.json --root runs/x`` with
+``grid.json = {"base": {...}, "grid": {"field": [values, ...]}, "seeds": [0, 1, 2]}``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .config import Config
+from .data import ImageData
+from .errors import FeddrKitError
+from .federated import CHECKPOINT, load_data, write_json, write_text
+from .federated import run as run_one
+
+SUMMARY, CONFIG, HISTORY, ERROR, POINT, SWEEP, RESULTS = (
+    "summary.json", "config.json", "history.csv", "error.txt", "point.json", "sweep.json", "results.json")
+# Fields that say where and how visibly a run goes, not what it computes: never part of a name,
+# never a mismatch. (``overwrite`` may not exist in every version of Config.)
+BOOKKEEPING = frozenset({"out_dir", "progress", "overwrite", "device", "checkpoint_every"})
+MAX_NAME = 120
+DONE, PARTIAL, FAILED = "done", "partial", "failed"
+
+
+# --------------------------------------------------------------------------- grids and names
+def _field_defaults() -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(Config):
+        out[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return out
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-comparable form of a config value (tuples as lists, NumPy scalars as Python ones)."""
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def _value_text(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(_value_text(x) for x in v)
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def _name_from(items: Sequence[tuple[str, Any]]) -> str:
+    """``k1=v1__k2=v2``: only ``[A-Za-z0-9._,+=-]``; a short SHA-1 of the items is appended when a
+    character had to be replaced or the name is longer than ``MAX_NAME`` (so names stay distinct)."""
+    raw = "__".join(f"{k}={_value_text(v)}" for k, v in items)
+    safe = re.sub(r"[^A-Za-z0-9._,+=-]", "-", raw)
+    if safe == raw and len(raw) <= MAX_NAME:
+        return raw
+    digest = hashlib.sha1(json.dumps([[k, _plain(v)] for k, v in items]).encode()).hexdigest()[:10]
+    return f"{safe[:MAX_NAME - 12]}__{digest}"
+
+
+def _check_grid(grid: Mapping[str, Sequence], seeds: Sequence[int]) -> None:
+    if not isinstance(grid, Mapping):
+        raise FeddrKitError(f"grid must be a dict field -> list of values, got {type(grid).__name__}")
+    for name, values in grid.items():
+        if not isinstance(values, (list, tuple)) or len(values) == 0:
+            raise FeddrKitError(f"grid[{name!r}] must be a non-empty list of values, got {values!r}")
+        texts = [json.dumps(_plain(v), sort_keys=True) for v in values]
+        dup = next((v for v, t in zip(values, texts) if texts.count(t) > 1), None)
+        if dup is not None:
+            raise FeddrKitError(f"grid[{name!r}] lists the value {dup!r} twice")
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or len(seeds) == 0:
+        raise FeddrKitError(f"seeds must be a non-empty list of integers >= 0, got {seeds!r}")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+            raise FeddrKitError(f"seeds must be integers >= 0, got {s!r}")
+    if len(set(int(s) for s in seeds)) != len(seeds):
+        raise FeddrKitError(f"seeds must be distinct, got {list(seeds)}")
+
+
+def _points(grid: Mapping[str, Sequence], seeds: Sequence[int]) -> list[tuple[dict, int]]:
+    """Grid points × seeds, seeds outermost: after a third of a 3-seed sweep every cell has one seed."""
+    names = list(grid)
+    return [(dict(zip(names, combo)), int(s)) for s in seeds for combo in itertools.product(*(grid[n] for n in names))]
+
+
+def expand(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], seeds: Sequence[int]) -> list[Config]:
+    """The sweep's configs: ``base`` updated with every combination of ``grid``'s values, for every seed.
+
+    ``base``: Config fields (a dict or a ``Config``); ``grid``: field → non-empty list of values;
+    ``seeds``: distinct integers. Order: seeds outermost, then the grid's fields in the order given
+    (the first slowest). Every config is built and validated up front; a bad one raises
+    ``FeddrKitError`` naming the grid point and the field. ``out_dir`` (set by the sweep) and ``seed``
+    (given by ``seeds``) may not appear in ``base`` or ``grid``. Returns a list of ``len(seeds) · Π|values|`` configs.
+    """
+    base = base.to_dict() if isinstance(base, Config) else dict(base)
+    _check_grid(grid, seeds)
+    allowed = set(_field_defaults())
+    for where, keys in (("base", base), ("grid", grid)):
+        unknown = sorted(set(keys) - allowed)
+        if unknown:
+            raise FeddrKitError(f"{where} names unknown config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        if where == "grid" and "seed" in keys:
+            raise FeddrKitError("grid may not hold 'seed': give the seeds as the seeds list")
+    if base.get("out_dir") is not None:
+        raise FeddrKitError("base may not set out_dir: the sweep puts each run in root/<name>/")
+    base.pop("seed", None)
+    base.pop("out_dir", None)
+    configs = []
+    for point, seed in _points(grid, seeds):
+        try:
+            configs.append(Config.from_dict({**base, **point, "seed": seed}))
+        except FeddrKitError as err:
+            raise FeddrKitError(f"grid point {point} with seed {seed}: {err}") from None
+    return configs
+
+
+def run_dir_name(cfg: Config, base: Mapping[str, Any] | Config, grid: Iterable[str] = ()) -> str:
+    """A readable, stable folder name for ``cfg`` within a sweep over ``base``.
+
+    The fields named in ``grid`` (always, so ``algorithm=feddr+`` shows even when feddr+ is the
+    default) and every other field whose value differs from ``base`` (fields missing from ``base``
+    count at their ``Config`` default), in alphabetical order, then the seed:
+    ``algorithm=feddr+__shards_per_client=5__seed=1``. Bookkeeping fields (out_dir, progress,
+    device, checkpoint_every) never appear. Only ``[A-Za-z0-9._,+=-]`` are used; when other
+    characters had to be replaced, or the name would pass 120 characters, a 10-hex-digit SHA-1 of
+    the named fields is appended. A pure function of the values: the same in every process.
+    Returns the name (a string).
+    """
+    ref = {**_field_defaults(), **(base.to_dict() if isinstance(base, Config) else dict(base))}
+    values, always = cfg.to_dict(), set(grid)
+    named = [(k, values[k]) for k in sorted(values)
+             if k not in BOOKKEEPING and k != "seed" and (k in always or _plain(values[k]) != _plain(ref.get(k)))]
+    return _name_from(named + [("seed", cfg.seed)])
+
+
+# --------------------------------------------------------------------------- folder states
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise FeddrKitError(f"cannot read {path}: {err}") from None
+
+
+def _status(folder: Path) -> str | None:
+    """``done`` (summary.json), ``failed`` (error.txt), ``partial`` (started: checkpoint or config), or None."""
+    if (folder / SUMMARY).exists():
+        return DONE
+    if (folder / ERROR).exists():
+        return FAILED
+    if (folder / CHECKPOINT).exists() or (folder / CONFIG).exists() or (folder / POINT).exists():
+        return PARTIAL
+    return None
+
+
+def _mismatch(folder: Path, cfg: Config) -> str | None:
+    """Why ``folder`` holds a different run than ``cfg`` (one field), or None when it is the same run.
+
+    Compared against ``point.json`` (what the sweep asked for) when present, else ``config.json``
+    (what the run saved; there a ``None`` in ``cfg`` — "the algorithm's default" — matches anything).
+    """
+    want = cfg.to_dict()
+    if (folder / POINT).exists():
+        saved, lenient = _read_json(folder / POINT).get("config", {}), False
+    elif (folder / CONFIG).exists():
+        saved, lenient = _read_json(folder / CONFIG), True
+    else:
+        return None
+    defaults = _field_defaults()
+    for k, v in want.items():
+        if k in BOOKKEEPING or (lenient and v is None):
+            continue
+        have = saved.get(k, defaults[k])
+        if _plain(have) != _plain(v):
+            return f"{k}={have!r} there but the sweep asks {k}={v!r}"
+    return None
+
+
+# --------------------------------------------------------------------------- running
+def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], seeds: Sequence[int],
+              root: str | Path, *, data: ImageData | None = None, progress: bool = True,
+              retry_failed: bool = False, callback=None) -> pd.DataFrame:
+    """Run every config of :func:`expand` (``base``, ``grid``, ``seeds``) into ``root/<name>/``.
+
+    Finished runs are skipped, interrupted ones resumed (``fk.run(cfg, resume=True)``), missing ones
+    run; a folder that holds a different config is an error, raised before anything trains. A run
+    that fails with ``FeddrKitError`` or ``FloatingPointError`` leaves ``error.txt`` and the sweep goes
+    on; it is skipped next time unless ``retry_failed``. The dataset is loaded once per distinct
+    ``(dataset, data_path)``, or ``data`` is used for every run. ``progress``: one bar over the runs
+    and a line per run (the runs' own bars are off). ``callback`` goes to every ``fk.run``.
+    Writes ``root/sweep.json``. Returns :func:`collect` of this sweep's folders, in sweep order.
+    Safe to kill and call again; not safe to run twice at once on one root.
+    """
+    configs = expand(base, grid, seeds)
+    base_d = base.to_dict() if isinstance(base, Config) else dict(base)
+    names = [run_dir_name(c, base_d, grid) for c in configs]
+    if len(set(names)) != len(names):  # e.g. grid values 1 and 1.0: equal as configs, so one folder
+        dup = next(n for n in names if names.count(n) > 1)
+        raise FeddrKitError(f"two grid points map to the same folder {dup}; make the grid values distinct")
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise FeddrKitError(f"root must be a folder, but {root} is a file")
+    if data is not None and len({(c.dataset, c.data_path) for c in configs}) > 1:
+        raise FeddrKitError("data= serves one dataset, but the grid spans several; leave data=None")
+
+    plan = []
+    for cfg, name in zip(configs, names):
+        folder = root / name
+        status = _status(folder)
+        if status is not None:
+            why = _mismatch(folder, cfg)
+            if why is not None:
+                raise FeddrKitError(f"{folder} holds another run ({why}); use a new root or delete that folder")
+        plan.append((cfg, name, folder, status))
+
+    write_json(root / SWEEP, {"base": {k: _plain(v) for k, v in base_d.items()},
+                              "grid": {k: [_plain(v) for v in vs] for k, vs in grid.items()},
+                              "seeds": [int(s) for s in seeds]})
+    todo = [p for p in plan if p[3] != DONE and (p[3] != FAILED or retry_failed)]
+    bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="sweep", unit="run",
+               disable=not progress, dynamic_ncols=True)
+    if progress and len(todo) < len(plan):
+        tqdm.write(f"{len(plan) - len(todo)} of {len(plan)} runs already in {root} (done or failed): skipped")
+    cache: dict[tuple, ImageData] = {}
+    for cfg, name, folder, status in todo:
+        resume = (folder / CHECKPOINT).exists() and not (folder / SUMMARY).exists()
+        (folder / ERROR).unlink(missing_ok=True)
+        if not resume:  # a run killed before its first checkpoint leaves these; start clean
+            for leftover in (CONFIG, HISTORY):
+                (folder / leftover).unlink(missing_ok=True)
+        write_json(folder / POINT, {"name": name, "config": cfg.to_dict()})
+        key = (cfg.dataset, cfg.data_path)
+        try:
+            if data is None and key not in cache:
+                cache[key] = load_data(cfg)
+            result = run_one(cfg.replace(out_dir=str(folder), progress=False), resume=resume,
+                             data=data if data is not None else cache[key], callback=callback)
+        except (FeddrKitError, FloatingPointError) as err:
+            write_text(folder / ERROR, f"{type(err).__name__}: {err}\n")
+            line = f"{name}: failed ({type(err).__name__}: {err})"
+        else:
+            line = f"{name}: {'resumed, ' if resume else ''}final accuracy {result.summary['final_acc']:.2%}"
+        if progress:
+            tqdm.write(line)
+        bar.update(1)
+    bar.close()
+    df = collect(root)
+    if df.empty:
+        return df
+    order = {n: i for i, n in enumerate(names)}
+    df = df[df["name"].isin(order)]
+    return df.sort_values("name", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+run = run_sweep  # fk.sweep.run; inside this module fk.run is `run_one`
+
+
+# --------------------------------------------------------------------------- collecting
+def _hashable(v: Any) -> Any:
+    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
+
+
+def collect(root: str | Path) -> pd.DataFrame:
+    """One row per run folder under ``root`` (any folder holding point.json, config.json,
+    checkpoint.pt, summary.json or error.txt).
+
+    Columns: ``name`` (the folder), ``status`` (``done`` / ``partial`` / ``failed``), every config
+    field (from point.json — what the sweep asked for — else config.json; lists as tuples), then the
+    summary's fields (final_acc, best_acc, last5_acc, sec_per_round, total_seconds, …; NaN until
+    done). A summary key that is also a config field is dropped when equal and kept as
+    ``summary_<key>`` when not (e.g. the lr a ``lr=None`` run actually used). ``error`` holds a failed
+    run's message. Returns a DataFrame (empty when ``root`` holds no runs).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FeddrKitError(f"root must be an existing folder, got {root}")
+    rows = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        status = _status(folder)
+        if status is None:
+            continue
+        row: dict[str, Any] = {"name": folder.name, "status": status}
+        if (folder / POINT).exists():
+            cfg = _read_json(folder / POINT).get("config", {})
+        elif (folder / CONFIG).exists():
+            cfg = _read_json(folder / CONFIG)
+        else:
+            cfg = {}
+        row.update({k: _hashable(v) for k, v in cfg.items() if k not in ("out_dir", "progress")})
+        if status == DONE:
+            for k, v in _read_json(folder / SUMMARY).items():
+                if k in cfg:
+                    if _plain(v) != _plain(cfg[k]):
+                        row[f"summary_{k}"] = _hashable(v)
+                else:
+                    row[k] = _hashable(v)
+        if status == FAILED:
+            row["error"] = (folder / ERROR).read_text().strip()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _as_list(x: str | Sequence[str] | None) -> list[str]:
+    return [] if x is None else [x] if isinstance(x, str) else list(x)
+
+
+def table(df: pd.DataFrame, rows: str | Sequence[str], cols: str | Sequence[str] | None = None,
+          value: str = "final_acc", fmt: str = ".1f", percent: bool | None = None, show_n: bool = True) -> pd.DataFrame:
+    """Mean ± sample std over seeds of ``value`` as strings, shaped rows × cols like the paper's tables.
+
+    ``df``: :func:`collect`'s frame (only ``status == "done"`` rows count); ``rows`` / ``cols``: column
+    name(s) for the table's index / columns (``cols=None``: one column named ``value``). Cells read
+    ``"45.1 ± 1.2 (n=3)"`` (``fmt`` formats both numbers; ``show_n`` appends the number of seeds;
+    one seed gives ``"45.1 (n=1)"``; a missing cell ``"—"``). ``percent`` (default: when ``value`` ends
+    in ``acc``) multiplies by 100. Rows and columns keep their order of first appearance. Raises
+    ``FeddrKitError`` when a cell holds two runs with one seed, i.e. a field outside rows/cols varies.
+    """
+    rows_, cols_ = _as_list(rows), _as_list(cols)
+    keys = rows_ + cols_
+    if not keys:
+        raise FeddrKitError("rows must name at least one column of df")
+    d = df[df["status"] == DONE] if "status" in df else df
+    missing = [c for c in keys + [value] if c not in d.columns]
+    if missing:
+        raise FeddrKitError(f"df has no column(s) {', '.join(missing)}; it has: {', '.join(map(str, d.columns))}")
+    if d.empty:
+        raise FeddrKitError("df holds no finished runs to tabulate")
+    d = d.copy()
+    for k in keys:  # None (an algorithm's default) groups as its own label
+        d[k] = d[k].map(lambda v: "None" if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+    if "seed" in d.columns:
+        sizes = d.groupby(keys + ["seed"], sort=False).size()
+        if (sizes > 1).any():
+            crowded = sizes[sizes > 1]
+            *cell, seed = crowded.index[0]
+            raise FeddrKitError(f"cell {dict(zip(keys, cell))} holds {crowded.iloc[0]} runs with seed {seed}: a field "
+                                "outside rows/cols varies; filter df or add it to rows/cols")
+    scale = 100.0 if (value.endswith("acc") if percent is None else percent) else 1.0
+    stats = d.groupby(keys, sort=False)[value].agg(["mean", "std", "count"])
+
+    def cell(r) -> str:
+        text = format(r["mean"] * scale, fmt)
+        if r["count"] >= 2:
+            text += f" ± {format(r['std'] * scale, fmt)}"
+        return text + (f" (n={int(r['count'])})" if show_n else "")
+
+    cells = stats.apply(cell, axis=1)
+    row_order = list(dict.fromkeys(map(tuple, d[rows_].itertuples(index=False))))
+    row_index = pd.Index([r[0] for r in row_order], name=rows_[0]) if len(rows_) == 1 else \
+        pd.MultiIndex.from_tuples(row_order, names=rows_)
+    if not cols_:
+        return cells.rename(value).reindex(row_index).fillna("—").to_frame()
+    col_order = list(dict.fromkeys(map(tuple, d[cols_].itertuples(index=False))))
+    col_index = pd.Index([c[0] for c in col_order], name=cols_[0]) if len(cols_) == 1 else \
+        pd.MultiIndex.from_tuples(col_order, names=cols_)
+    wide = cells.unstack(cols_)
+    return wide.reindex(index=row_index, columns=col_index).fillna("—")
+
+
+# --------------------------------------------------------------------------- notebooks (papermill)
+def run_notebook_grid(notebook: str | Path, grid: Mapping[str, Sequence], seeds: Sequence[int], root: str | Path,
+                      parameters: Mapping[str, Any] | None = None, *, kernel_name: str = "python3",
+                      cwd: str | Path | None = None, progress: bool = True, retry_failed: bool = False) -> pd.DataFrame:
+    """Execute ``notebook`` once per grid point × seed under papermill, each into ``root/<name>/``.
+
+    Each execution gets ``parameters`` (fixed ones) updated with the point's values, ``seed`` and
+    ``out_dir=<its folder>``; the notebook must write ``results.json`` into ``out_dir``. The
+    executed copy is saved as ``<folder>/notebook.ipynb``. Points whose ``results.json`` exists are
+    skipped; a point whose execution raises (or writes no ``results.json``) leaves ``error.txt``
+    and the grid goes on (retried only with ``retry_failed``). ``<name>`` spells every grid field
+    and the seed (as :func:`run_dir_name` does). ``cwd``: the kernel's working folder (default:
+    the notebook's). Returns :func:`collect_notebooks` of this grid's folders, in grid order.
+    """
+    import papermill
+
+    notebook, root = Path(notebook), Path(root)
+    if not notebook.is_file():
+        raise FeddrKitError(f"notebook must be an existing .ipynb file, got {notebook}")
+    _check_grid(grid, seeds)
+    fixed = dict(parameters or {})
+    for reserved in ("seed", "out_dir"):
+        if reserved in grid or reserved in fixed:
+            raise FeddrKitError(f"{reserved} is set by the grid runner; leave it out of grid and parameters")
+    points = _points(grid, seeds)
+    names = [_name_from(sorted(p.items()) + [("seed", s)]) for p, s in points]
+    write_json(root / SWEEP, {"notebook": str(notebook), "parameters": {k: _plain(v) for k, v in fixed.items()},
+                              "grid": {k: [_plain(v) for v in vs] for k, vs in grid.items()},
+                              "seeds": [int(s) for s in seeds]})
+    todo = [(p, s, n) for (p, s), n in zip(points, names)
+            if not (root / n / RESULTS).exists() and (retry_failed or not (root / n / ERROR).exists())]
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), desc="notebook grid", unit="run",
+               disable=not progress, dynamic_ncols=True)
+    for point, seed, name in todo:
+        folder = root / name
+        (folder / ERROR).unlink(missing_ok=True)
+        params = {**fixed, **{k: _plain(v) for k, v in point.items()}, "seed": seed}
+        write_json(folder / POINT, {"name": name, "parameters": params})
+        try:
+            papermill.execute_notebook(str(notebook), str(folder / "notebook.ipynb"),
+                                       parameters={**params, "out_dir": str(folder.resolve())},
+                                       kernel_name=kernel_name, cwd=str(cwd or notebook.parent.resolve()),
+                                       progress_bar=False)
+            if not (folder / RESULTS).exists():
+                raise FeddrKitError(f"the notebook ran but wrote no {RESULTS} into out_dir={folder}")
+            line = f"{name}: done"
+        except (papermill.PapermillExecutionError, FeddrKitError) as err:
+            first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            write_text(folder / ERROR, f"{type(err).__name__}: {first}\n")
+            line = f"{name}: failed ({first})"
+        if progress:
+            tqdm.write(line)
+        bar.update(1)
+    bar.close()
+    df = collect_notebooks(root)
+    if df.empty:
+        return df
+    order = {n: i for i, n in enumerate(names)}
+    df = df[df["name"].isin(order)]
+    return df.sort_values("name", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def collect_notebooks(root: str | Path) -> pd.DataFrame:
+    """One row per notebook-grid folder under ``root`` (those holding point.json).
+
+    Columns: ``name``, ``status`` (``done`` when results.json exists, ``failed`` with error.txt,
+    else ``partial``), the point's parameters (including ``seed``), then results.json flattened
+    (nested keys joined by ``.``), and ``error`` for failed points. Returns a DataFrame.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FeddrKitError(f"root must be an existing folder, got {root}")
+    rows = []
+    for folder in sorted(p for p in root.iterdir() if (p / POINT).exists()):
+        status = DONE if (folder / RESULTS).exists() else FAILED if (folder / ERROR).exists() else PARTIAL
+        row: dict[str, Any] = {"name": folder.name, "status": status}
+        row.update({k: _hashable(v) for k, v in _read_json(folder / POINT).get("parameters", {}).items()})
+        if status == DONE:
+            flat = pd.json_normalize(_read_json(folder / RESULTS), sep=".")
+            row.update({k: _hashable(v) for k, v in flat.iloc[0].to_dict().items()} if len(flat) else {})
+        if status == FAILED:
+            row["error"] = (folder / ERROR).read_text().strip()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- command line
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``sweep`` subcommand to ``python -m feddr_kit``'s subparsers; returns its parser."""
+    p = subparsers.add_parser(
+        "sweep", help="run a grid of configs x seeds, resumably, and print the table",
+        description="Run every grid point x seed into ROOT/<name>/ (finished runs are skipped, interrupted "
+                    "ones resumed), then print mean ± std over seeds. GRID is a JSON file "
+                    '{"base": {<Config fields>}, "grid": {"<field>": [values, ...]}, "seeds": [0, 1, 2]}.')
+    p.add_argument("--grid", required=True, help="the grid JSON file")
+    p.add_argument("--root", required=True, help="folder that holds one subfolder per run")
+    p.add_argument("--value", default="final_acc", help="summary field shown in the table")
+    p.add_argument("--retry-failed", action="store_true", help="run again the runs that left error.txt")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar and per-run lines")
+    return p
+
+
+def load_grid_file(path: str | Path) -> tuple[dict, dict, list]:
+    """Read a grid file ``{"base": {...}, "grid": {...}, "seeds": [...]}``; returns ``(base, grid, seeds)``.
+    ``base`` and ``grid`` may be omitted (empty); ``seeds`` defaults to ``[0]``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FeddrKitError(f"--grid must name a JSON file, got {path}")
+    spec = _read_json(path)
+    if not isinstance(spec, dict) or set(spec) - {"base", "grid", "seeds"}:
+        raise FeddrKitError(f"{path} must hold a JSON object with keys base, grid, seeds")
+    return dict(spec.get("base", {})), dict(spec.get("grid", {})), list(spec.get("seeds", [0]))
+
+
+def main(args: Mapping[str, Any]) -> int:
+    """The ``sweep`` subcommand (``args``: the parsed flags as a dict). Prints the table; returns the
+    exit code: 0 when every run finished, 1 when some failed, 2 on bad input."""
+    try:
+        base, grid, seeds = load_grid_file(args["grid"])
+        df = run_sweep(base, grid, seeds, args["root"], progress=not args.get("no_progress", False),
+                       retry_failed=args.get("retry_failed", False))
+    except FeddrKitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    done = df[df["status"] == DONE] if not df.empty else df
+    if not done.empty:
+        fields = list(grid) or ["algorithm"]  # rows: the first field (and any beyond the second); cols: the second
+        rows, cols = [fields[0]] + fields[2:], fields[1] if len(fields) > 1 else None
+        with pd.option_context("display.width", 200, "display.max_columns", 50):
+            print(f"\n{args.get('value', 'final_acc')}: mean ± std over seeds (n = seeds per cell)")
+            print(table(done, rows=rows, cols=cols, value=args.get("value", "final_acc")))
+    failed = df[df["status"] == FAILED] if not df.empty else df
+    for _, r in failed.iterrows():
+        print(f"failed: {r['name']}: {r['error']}")
+    print(f"{len(done)} of {len(df)} runs done; results in {args['root']}/ (collect them with fk.sweep.collect)")
+    return 1 if len(failed) else 0

@@ -1,0 +1,165 @@
+"""feddr_kit.stats: intervals against hand computations, and the verdict rule."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feddr_kit import stats
+from feddr_kit.errors import FeddrKitError
+from feddr_kit.stats import HELD, NOT_HELD, TIE, UNTESTABLE, Claim, Interval
+
+# Student-t quantiles from a printed table (two-sided 95 % → t_{0.975}, 90 % → t_{0.95}).
+T975 = {2: 4.302653, 4: 2.776445, 9: 2.262157}
+T95 = {4: 2.131847}
+
+finite = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, allow_infinity=False)
+samples = st.lists(finite, min_size=2, max_size=12)
+
+
+def test_t_interval_matches_hand_computation():
+    x = [2.0, 4.0, 4.0, 5.0, 7.0]  # mean 4.4, s^2 = (5.76+0.16+0.16+0.36+6.76)/4 = 3.3
+    iv = stats.interval(x)
+    half = T975[4] * math.sqrt(3.3 / 5)
+    assert iv.mean == pytest.approx(4.4)
+    assert (iv.low, iv.high) == pytest.approx((4.4 - half, 4.4 + half), rel=1e-6)
+    assert iv.n == 5 and iv.half_width == pytest.approx(half, rel=1e-6)
+    iv90 = stats.interval(x, confidence=0.90)
+    assert iv90.half_width == pytest.approx(T95[4] * math.sqrt(3.3 / 5), rel=1e-6)
+
+
+def test_three_seeds_hand_computation():
+    iv = stats.interval([0.40, 0.42, 0.47])  # mean 0.43, s = sqrt((0.0009+0.0001+0.0016)/2) = sqrt(0.0013)
+    assert iv.half_width == pytest.approx(T975[2] * math.sqrt(0.0013 / 3), rel=1e-6)
+
+
+def test_one_value_is_untestable():
+    iv = stats.interval([0.5])
+    assert iv.mean == 0.5 and iv.low == -math.inf and iv.high == math.inf and not iv.testable
+    for expected in ("greater", "less"):
+        assert stats.verdict(iv, expected) == UNTESTABLE
+    assert stats.verdict(stats.difference([0.5], [0.3]), "greater") == UNTESTABLE
+    assert stats.verdict(stats.difference([0.5], [0.3, 0.4], paired=False)) == UNTESTABLE
+    assert iv.format() == "0.500 (n=1)"
+
+
+def test_nan_and_caller_untestable():
+    assert stats.verdict(stats.interval([0.1, float("nan"), 0.3])) == UNTESTABLE
+    clear = stats.interval([1.0, 1.1, 1.2])
+    assert stats.verdict(clear, "greater") == HELD
+    assert stats.verdict(clear, "greater", testable=False) == UNTESTABLE
+
+
+def test_verdicts_on_constructed_intervals():
+    def iv(lo, hi):
+        return Interval((lo + hi) / 2, lo, hi, 3)
+
+    assert stats.verdict(iv(0.02, 0.05), "greater", margin=0.01) == HELD
+    assert stats.verdict(iv(0.005, 0.05), "greater", margin=0.01) == TIE     # positive, but reaches into the margin
+    assert stats.verdict(iv(-0.005, 0.005), "greater", margin=0.01) == TIE   # inside the margin
+    assert stats.verdict(iv(-0.05, 0.05), "greater") == TIE
+    assert stats.verdict(iv(-0.05, -0.02), "greater", margin=0.01) == NOT_HELD
+    assert stats.verdict(iv(-0.05, -0.005), "greater", margin=0.01) == TIE
+    assert stats.verdict(iv(-0.05, -0.02), "less", margin=0.01) == HELD
+    assert stats.verdict(iv(0.02, 0.05), "less", margin=0.01) == NOT_HELD
+    assert stats.verdict(iv(0.0, 0.05), "greater") == TIE  # touching zero is not beyond it
+
+
+def test_paired_uses_the_per_seed_differences():
+    a = np.array([0.50, 0.61, 0.45, 0.70])
+    b = a - np.array([0.010, 0.012, 0.009, 0.011])  # tiny but consistent gain, large between-seed spread
+    d = np.array([0.010, 0.012, 0.009, 0.011])  # mean 0.0105, s^2 = (0.25+2.25+2.25+0.25)e-6/3
+    paired = stats.difference(a, b, paired=True)
+    half = 3.182446 * math.sqrt(5e-6 / 3 / 4)  # t_{0.975, 3}
+    assert paired.mean == pytest.approx(d.mean())
+    assert (paired.low, paired.high) == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-5)
+    assert stats.verdict(paired, "greater") == HELD
+    unpaired = stats.difference(a, b, paired=False)
+    assert unpaired.mean == pytest.approx(d.mean())
+    assert stats.verdict(unpaired, "greater") == TIE  # the seed-to-seed spread swamps it without pairing
+
+
+def test_welch_matches_hand_computation():
+    a, b = [1.0, 2.0, 3.0], [2.0, 4.0, 7.0]
+    va, vb = 1.0, 19.0 / 3  # sample variances
+    se2 = va / 3 + vb / 3
+    df = se2**2 / ((va / 3) ** 2 / 2 + (vb / 3) ** 2 / 2)
+    from scipy.special import stdtrit  # the t quantile, computed apart from scipy.stats
+    half = stdtrit(df, 0.975) * math.sqrt(se2)
+    d = stats.difference(a, b, paired=False)
+    assert d.mean == pytest.approx(2.0 - 13.0 / 3)
+    assert (d.low, d.high) == pytest.approx((d.mean - half, d.mean + half), rel=1e-6)
+    assert d.n == 3
+
+
+def test_paired_needs_equal_lengths_and_bad_input_is_one_line():
+    with pytest.raises(FeddrKitError, match="paired=True"):
+        stats.difference([1, 2, 3], [1, 2])
+    with pytest.raises(FeddrKitError, match="confidence"):
+        stats.interval([1, 2], confidence=95)
+    with pytest.raises(FeddrKitError, match="expected"):
+        stats.verdict(stats.interval([1, 2]), "bigger")
+    with pytest.raises(FeddrKitError, match="margin"):
+        stats.verdict(stats.interval([1, 2]), margin=-0.1)
+    with pytest.raises(FeddrKitError, match="values"):
+        stats.interval([])
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples, finite)
+def test_shifting_the_data_shifts_the_interval(x, c):
+    iv, shifted = stats.interval(x), stats.interval([v + c for v in x])
+    assert shifted.mean == pytest.approx(iv.mean + c, abs=1e-6)
+    assert shifted.low == pytest.approx(iv.low + c, abs=1e-6)
+    assert shifted.high == pytest.approx(iv.high + c, abs=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples, samples, st.floats(0, 5), st.sampled_from(["greater", "less"]), st.booleans())
+def test_verdict_symmetric_under_swap(a, b, margin, expected, paired):
+    if paired:
+        b = (b * len(a))[: len(a)]
+    other = "less" if expected == "greater" else "greater"
+    forward = stats.verdict(stats.difference(a, b, paired=paired), expected, margin)
+    backward = stats.verdict(stats.difference(b, a, paired=paired), other, margin)
+    assert forward == backward
+
+
+@settings(max_examples=40, deadline=None)
+@given(samples, st.floats(0.5, 0.99))
+def test_interval_contains_mean_and_widens_with_confidence(x, c):
+    iv, wider = stats.interval(x, c), stats.interval(x, min(c + 0.005, 0.995))
+    assert iv.low <= iv.mean <= iv.high
+    assert wider.low <= iv.low + 1e-9 and wider.high >= iv.high - 1e-9
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_mean():
+    rng = np.random.default_rng(0)
+    x = rng.normal(0.3, 0.1, size=40)
+    one = stats.bootstrap_interval(x, seed=1, n_resamples=2000)
+    again = stats.bootstrap_interval(x, seed=1, n_resamples=2000)
+    assert one == again
+    assert one.low < x.mean() < one.high
+    # about as wide as the t interval for near-normal data
+    assert one.half_width == pytest.approx(stats.interval(x).half_width, rel=0.25)
+    assert stats.bootstrap_interval([0.2, 0.2, 0.2]).half_width == 0
+    assert not stats.bootstrap_interval([0.2]).testable
+
+
+def test_claims_table_formats_rows():
+    d = stats.difference([0.45, 0.47, 0.46], [0.40, 0.41, 0.43])
+    rows = [
+        Claim("FedDr+ beats DR", "paper", "shard s=2", d, margin=0.005, seeds="0,1,2", scale=100, unit=" pp", fmt=".1f"),
+        Claim("DR beats FedDr+", "chapter hypothesis", "shard s=2", -d, margin=0.005),
+        Claim("same model", "chapter hypothesis", "shard s=2", d, testable=False),
+    ]
+    table = stats.claims_table(rows)
+    assert list(table.columns) == ["claim", "source", "setting", "seeds", "value ± interval", "margin", "verdict"]
+    assert list(table["verdict"]) == [HELD, NOT_HELD, UNTESTABLE]
+    assert table.loc[0, "value ± interval"].startswith("+4.7 ± ")
+    assert table.loc[0, "value ± interval"].endswith(" pp")
+    assert table.loc[0, "margin"] == "> +0.5 pp"
+    assert table.loc[1, "seeds"] == "n=3"
+    with pytest.raises(FeddrKitError, match="source"):
+        Claim("x", "blog", "s", d)

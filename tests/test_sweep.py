@@ -1,0 +1,251 @@
+"""feddr_kit.sweep: grid expansion, stable folder names, skip / resume, collect / table, the CLI,
+and the papermill grid. Runs are tiny synthetic federations (2 rounds, 2 clients of 10)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+
+import feddr_kit as fk
+from feddr_kit import sweep
+from feddr_kit.errors import FeddrKitError
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = dict(dataset="synthetic", num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
+            eval_every=1, checkpoint_every=1, lr=0.05)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one torch thread is far faster than two on a shared CPU; restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return fk.data.synthetic(train_per_class=20, test_per_class=10)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Wraps the sweep's call of fk.run; returns the list of (folder name, resume) it was called with."""
+    calls = []
+    real = sweep.run_one
+
+    def spy(cfg, **kw):
+        calls.append((Path(cfg.out_dir).name, kw.get("resume", False)))
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(sweep, "run_one", spy)
+    return calls
+
+
+# --------------------------------------------------------------------------- expansion and names
+def test_expand_counts_and_orders_the_grid():
+    cfgs = sweep.expand(BASE, {"algorithm": ["fedavg", "dr", "feddr+"], "shards_per_client": [2, 5]}, seeds=[3, 1])
+    got = [(c.algorithm, c.shards_per_client, c.seed) for c in cfgs]
+    expected = [(a, s, seed) for seed in (3, 1) for a in ("fedavg", "dr", "feddr+") for s in (2, 5)]
+    assert got == expected
+    assert all(c.rounds == 2 and c.num_clients == 10 and c.out_dir is None for c in cfgs)
+
+
+@pytest.mark.parametrize("base, grid, seeds, match", [
+    (BASE, {"clients_per_round": [2, 11]}, [0], r"grid point \{'clients_per_round': 11\} with seed 0: clients_per_round"),
+    (BASE, {"algoritm": ["dr"]}, [0], "unknown config field.*algoritm"),
+    ({**BASE, "lerning_rate": 1}, {}, [0], "base names unknown.*lerning_rate"),
+    (BASE, {"seed": [0, 1]}, [0], "seeds list"),
+    (BASE, {"algorithm": ["dr", "dr"]}, [0], "'dr' twice"),
+    (BASE, {"algorithm": []}, [0], "non-empty list"),
+    (BASE, {"algorithm": ["dr"]}, [], "seeds must be a non-empty"),
+    (BASE, {"algorithm": ["dr"]}, [0, 0], "distinct"),
+    ({**BASE, "out_dir": "x"}, {}, [0], "out_dir"),
+])
+def test_expand_rejects_bad_grids_naming_the_field(base, grid, seeds, match):
+    with pytest.raises(FeddrKitError, match=match):
+        sweep.expand(base, grid, seeds)
+
+
+def test_run_dir_names_readable_distinct_and_safe():
+    grid = {"algorithm": ["fedavg", "feddr+"], "shards_per_client": [2, 5]}
+    cfgs = sweep.expand(BASE, grid, [0, 1])
+    names = [sweep.run_dir_name(c, BASE, grid) for c in cfgs]
+    assert len(set(names)) == len(names)
+    assert "algorithm=feddr+__shards_per_client=5__seed=1" in names
+    assert "algorithm=fedavg__shards_per_client=2__seed=0" in names
+    # without the grid, only fields that differ from the base show (feddr+ and s=2 are defaults)
+    assert sweep.run_dir_name(cfgs[0].replace(algorithm="feddr+"), BASE) == "seed=0"
+    weird = fk.Config(**{**BASE, "dataset": "imagefolder", "data_path": "/data/my images", "lr": 1e-05})
+    name = sweep.run_dir_name(weird, BASE)
+    assert name.startswith("data_path=-data-my-images__dataset=imagefolder__lr=1e-05__seed=0__")
+    assert len(name.rsplit("__", 1)[1]) == 10  # the digest, since characters were replaced
+    long = fk.Config(**{**BASE, "lr_decay_at": tuple(0.01 * k for k in range(1, 60))})
+    assert len(sweep.run_dir_name(long, BASE)) <= 120
+
+
+# --------------------------------------------------------------------------- running, skipping, resuming
+def test_finished_runs_are_skipped(tmp_path, tiny, counted):
+    grid = {"algorithm": ["fedavg", "dr"]}
+    df = sweep.run(BASE, grid, [0], tmp_path, data=tiny, progress=False)
+    assert list(df["status"]) == ["done", "done"] and len(counted) == 2
+    mtimes = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/summary.json")}
+    df2 = sweep.run(BASE, grid, [0], tmp_path, data=tiny, progress=False)
+    assert len(counted) == 2  # nothing retrained
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/summary.json")} == mtimes
+    pd.testing.assert_frame_equal(df, df2)
+    assert json.loads((tmp_path / "sweep.json").read_text()) == {"base": BASE, "grid": grid, "seeds": [0]}
+
+
+def test_a_folder_holding_another_config_is_an_error(tmp_path, tiny):
+    sweep.run(BASE, {"algorithm": ["fedavg"]}, [0], tmp_path, data=tiny, progress=False)
+    with pytest.raises(FeddrKitError, match="rounds=2 there but the sweep asks rounds=3"):
+        sweep.run({**BASE, "rounds": 3}, {"algorithm": ["fedavg"]}, [0], tmp_path, data=tiny, progress=False)
+
+
+def test_interrupted_sweep_resumes_to_the_uninterrupted_histories(tmp_path, tiny, counted):
+    base, grid = {**BASE, "rounds": 3}, {"algorithm": ["fedavg", "feddr+"]}
+    sweep.run(base, grid, [0], tmp_path / "straight", data=tiny, progress=False)
+
+    evaluated = []
+
+    def kill_in_second_run(row):  # the process "dies" after round 2 of the second run
+        evaluated.append(row["round"])
+        if len(evaluated) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run(base, grid, [0], tmp_path / "killed", data=tiny, progress=False, callback=kill_in_second_run)
+    second = tmp_path / "killed" / "algorithm=feddr+__seed=0"
+    assert (second / "checkpoint.pt").exists() and not (second / "summary.json").exists()
+    assert sweep.collect(tmp_path / "killed").set_index("name")["status"].to_dict() == {
+        "algorithm=fedavg__seed=0": "done", "algorithm=feddr+__seed=0": "partial"}
+
+    counted.clear()
+    df = sweep.run(base, grid, [0], tmp_path / "killed", data=tiny, progress=False)
+    assert counted == [("algorithm=feddr+__seed=0", True)]  # only the interrupted run, resumed
+    assert list(df["status"]) == ["done", "done"]
+    for name in df["name"]:
+        a = pd.read_csv(tmp_path / "straight" / name / "history.csv").drop(columns="seconds")
+        b = pd.read_csv(tmp_path / "killed" / name / "history.csv").drop(columns="seconds")
+        pd.testing.assert_frame_equal(a, b)
+
+
+def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, tiny, monkeypatch):
+    real = sweep.run_one
+
+    def diverge_at_high_lr(cfg, **kw):
+        if cfg.lr == 0.5:
+            raise FloatingPointError("round 1, client 3: the local loss became nan at lr=0.5")
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(sweep, "run_one", diverge_at_high_lr)
+    df = sweep.run(BASE, {"lr": [0.5, 0.05]}, [0], tmp_path, data=tiny, progress=False)
+    assert list(df["status"]) == ["failed", "done"]
+    assert df.loc[0, "error"] == "FloatingPointError: round 1, client 3: the local loss became nan at lr=0.5"
+    assert df.loc[0, "lr"] == 0.5  # the failed run's config is still reported
+    monkeypatch.setattr(sweep, "run_one", lambda *a, **k: pytest.fail("a failed run was retried"))
+    sweep.run(BASE, {"lr": [0.5, 0.05]}, [0], tmp_path, data=tiny, progress=False)
+
+
+# --------------------------------------------------------------------------- collect and table
+def test_collect_reports_config_summary_and_timing(tmp_path, tiny):
+    df = sweep.run(BASE, {"algorithm": ["fedavg", "dr"]}, [0, 1], tmp_path, data=tiny, progress=False)
+    assert len(df) == 4 and set(df["status"]) == {"done"}
+    assert list(df[["algorithm", "seed"]].itertuples(index=False, name=None)) == [
+        ("fedavg", 0), ("dr", 0), ("fedavg", 1), ("dr", 1)]
+    for _, row in df.iterrows():
+        summary = json.loads((tmp_path / row["name"] / "summary.json").read_text())
+        assert row["final_acc"] == summary["final_acc"] and row["sec_per_round"] == summary["sec_per_round"]
+        assert row["total_seconds"] > 0 and row["num_clients"] == 10 and row["lr_decay_at"] == (0.5, 0.75)
+    everything = sweep.collect(tmp_path)
+    assert sorted(everything["name"]) == sorted(df["name"])
+    table = sweep.table(df, rows="algorithm")
+    assert list(table.index) == ["fedavg", "dr"] and table.columns.tolist() == ["final_acc"]
+    assert table.loc["dr", "final_acc"].endswith("(n=2)")
+
+
+def test_table_is_mean_and_sample_std_over_seeds():
+    df = pd.DataFrame({
+        "status": ["done"] * 7 + ["failed"],
+        "algorithm": ["fedavg", "fedavg", "fedavg", "dr", "dr", "dr", "fedavg", "dr"],
+        "shards_per_client": [2, 2, 5, 2, 2, 5, 5, 5],
+        "seed": [0, 1, 0, 0, 1, 0, 1, 1],
+        "final_acc": [0.40, 0.42, 0.50, 0.30, 0.36, 0.33, 0.54, 0.99],
+    })
+    t = sweep.table(df, rows="algorithm", cols="shards_per_client")
+    assert list(t.index) == ["fedavg", "dr"] and list(t.columns) == [2, 5]
+    assert t.loc["fedavg", 2] == "41.0 ± 1.4 (n=2)"   # std of (40, 42) = sqrt(2)
+    assert t.loc["fedavg", 5] == "52.0 ± 2.8 (n=2)"   # std of (50, 54) = sqrt(8)
+    assert t.loc["dr", 2] == "33.0 ± 4.2 (n=2)"       # std of (30, 36) = sqrt(18); the failed run is left out
+    assert t.loc["dr", 5] == "33.0 (n=1)"
+    raw = sweep.table(df, rows="algorithm", cols="shards_per_client", value="final_acc", percent=False,
+                      fmt=".3f", show_n=False)
+    assert raw.loc["fedavg", 2] == "0.410 ± 0.014"
+    with pytest.raises(FeddrKitError, match="a field outside rows/cols varies"):
+        sweep.table(df, rows="algorithm")
+    with pytest.raises(FeddrKitError, match="no column"):
+        sweep.table(df, rows="beta")
+
+
+# --------------------------------------------------------------------------- command line
+def test_cli_runs_a_grid_and_prints_the_table(tmp_path, capsys):
+    """End to end in a fresh process, whose other hash seed must not change the folder names."""
+    base, spec = {**BASE, "rounds": 1}, {"algorithm": ["fedavg", "dr"]}
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"base": base, "grid": spec, "seeds": [0]}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "12345"}
+    cmd = [sys.executable, "-m", "feddr_kit", "sweep", "--grid", str(grid), "--root", str(tmp_path / "runs"), "--no-progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("fedavg") and "(n=1)" in line for line in lines)
+    assert any(line.startswith("dr") and "(n=1)" in line for line in lines)
+    assert "2 of 2 runs done" in out.stdout
+    names_here = {sweep.run_dir_name(c, base, spec) for c in sweep.expand(base, spec, [0])}
+    assert names_here == {"algorithm=fedavg__seed=0", "algorithm=dr__seed=0"}
+    assert {p.name for p in (tmp_path / "runs").iterdir()} == names_here | {"sweep.json"}
+    from feddr_kit.__main__ import main
+
+    grid.write_text("{not json")
+    assert main(cmd[3:]) == 2  # the same command line, in this process
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read") and len(err.splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- papermill
+def _throwaway_notebook(path: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("x = 1\nseed = 0\nout_dir = None")
+    params.metadata["tags"] = ["parameters"]
+    work = nbformat.v4.new_code_cell(
+        "import json, pathlib\n"
+        "assert x >= 0, 'x must be >= 0'\n"
+        "pathlib.Path(out_dir, 'results.json').write_text(json.dumps({'x2': 2 * x, 'seed': seed, 'nested': {'x': x}}))")
+    nb.cells = [params, work]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_notebook_grid_runs_each_point_once_and_collects_results(tmp_path):
+    notebook = _throwaway_notebook(tmp_path / "tiny.ipynb")
+    root = tmp_path / "grid"
+    df = sweep.run_notebook_grid(notebook, {"x": [1, 3, -1]}, [7], root, progress=False)
+    assert list(df["name"]) == ["x=1__seed=7", "x=3__seed=7", "x=-1__seed=7"]
+    assert list(df["status"]) == ["done", "done", "failed"]
+    assert list(df["x2"][:2]) == [2, 6] and list(df["nested.x"][:2]) == [1, 3] and set(df["seed"]) == {7}
+    assert "x must be >= 0" in df.loc[2, "error"]
+    assert (root / "x=1__seed=7" / "notebook.ipynb").exists()
+    stamp = (root / "x=1__seed=7" / "results.json").stat().st_mtime_ns
+    again = sweep.run_notebook_grid(notebook, {"x": [1, 3, -1]}, [7], root, progress=False)  # nothing re-executed
+    assert (root / "x=1__seed=7" / "results.json").stat().st_mtime_ns == stamp
+    pd.testing.assert_frame_equal(df, again)
+    collected = sweep.collect_notebooks(root)  # folder order; same rows
+    pd.testing.assert_frame_equal(collected.set_index("name").loc[df["name"]].reset_index(), df)
