@@ -64,6 +64,9 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     head: ClassVar[str] = "learned"  # one of HEAD_KINDS
+    # Whether the head has a bias, as in the reference code: the cross-entropy methods do (FedBABU's is
+    # frozen with its head); the fixed geometric heads (etf, orthonormal) do not.
+    head_bias: ClassVar[bool] = True
     normalize_features: ClassVar[bool] = False  # logits = head(ĥ) instead of head(h)
     default_regularizer: ClassVar[str] = "none"
     # Default initial lr per model, chosen by the grid in results/lr_grid.csv (teaching scale, cnn)
@@ -74,6 +77,7 @@ class Algorithm:
         self.cfg = cfg
         self.regularizer = cfg.regularizer if cfg.regularizer is not None else self.default_regularizer
         self.fixed_head: torch.Tensor | None = None
+        self.fixed_bias: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ model set-up
     def adapt_model(self, model: Net) -> None:
@@ -84,7 +88,11 @@ class Algorithm:
         """
 
     def setup(self, model: Net, seed: int) -> None:
-        """Adapt the architecture, then install and freeze the head on the global model, once, before round 0."""
+        """Adapt the architecture, then install and freeze the head on the global model, once, before round 0.
+
+        A frozen head's bias (FedBABU's; build the model with ``head_bias=self.head_bias``) is set from
+        the same seed as its weight and frozen with it, so every client and every run of a seed share it.
+        """
         self.adapt_model(model)
         C, d = model.num_classes, model.feature_dim
         build = {"random_frozen": heads.random_head, "etf": heads.simplex_etf, "orthonormal": heads.orthonormal_head}
@@ -93,6 +101,11 @@ class Algorithm:
                 model.head.weight.copy_(build[self.head](C, d, seed))
             model.head.weight.requires_grad_(False)
             self.fixed_head = model.head.weight.detach().clone()
+            if model.head.bias is not None:
+                with torch.no_grad():
+                    model.head.bias.copy_(heads.random_head_bias(C, d, seed))
+                model.head.bias.requires_grad_(False)
+                self.fixed_bias = model.head.bias.detach().clone()
 
     @property
     def head_frozen(self) -> bool:
@@ -168,9 +181,11 @@ class Algorithm:
         return average
 
     def finalize_global(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Re-assert the frozen head after aggregation (float averages can drift by a few ULP)."""
+        """Re-assert the frozen head (weight, and bias when frozen too) after aggregation (float averages can drift by a few ULP)."""
         if self.fixed_head is not None:
             state["head.weight"] = self.fixed_head.to(state["head.weight"].device).clone()
+        if self.fixed_bias is not None and "head.bias" in state:
+            state["head.bias"] = self.fixed_bias.to(state["head.bias"].device).clone()
         return state
 
     def eval_state(self, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -201,6 +216,8 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     """Class decorator adding an algorithm to :data:`ALGORITHMS` under ``cls.name``."""
     if cls.head not in HEAD_KINDS:
         raise FeddrKitError(f"head must be one of {', '.join(HEAD_KINDS)}, got {cls.head!r}")
+    if cls.head_bias and cls.head in ("etf", "orthonormal"):
+        raise FeddrKitError(f"head_bias must be False for a fixed geometric head ({cls.head!r}), in {cls.__name__}")
     ALGORITHMS[cls.name] = cls
     return cls
 
@@ -218,7 +235,7 @@ _CE_LR = {"cnn": 0.01, "vgg11": 0.01, "mobilenet": 0.1}
 
 @register
 class FedAvg(Algorithm):
-    """FedAvg: cross-entropy, everything trained, size-weighted averaging (spec §2)."""
+    """FedAvg: cross-entropy, everything trained (head weight and bias), size-weighted averaging (spec §2)."""
 
     name = "fedavg"
     default_lr = _CE_LR
@@ -226,7 +243,7 @@ class FedAvg(Algorithm):
 
 @register
 class FedBABU(Algorithm):
-    """FedBABU: the head stays at its shared random initialization; only the body learns (spec §4)."""
+    """FedBABU: the head (weight and bias) stays at its shared random initialization; only the body learns (spec §4)."""
 
     name = "fedbabu"
     head = "random_frozen"
@@ -239,6 +256,7 @@ class DotRegression(Algorithm):
 
     name = "dr"
     head = "etf"
+    head_bias = False
     normalize_features = True
     default_lr = {"cnn": 0.03, "vgg11": 0.35, "mobilenet": 5.0}  # cnn: results/lr_grid.csv
 
@@ -469,6 +487,7 @@ class SphereFed(Algorithm):
 
     name = "spherefed"
     head = "orthonormal"
+    head_bias = False
     normalize_features = True
     default_lr = {"cnn": 0.1, "vgg11": 0.55, "mobilenet": 6.5}  # cnn: results/lr_grid.csv
     calibration_ridge: ClassVar[float] = 1e-3
@@ -542,6 +561,7 @@ class FedETF(Algorithm):
 
     name = "fedetf"
     head = "etf"
+    head_bias = False
     normalize_features = True
     default_lr = {"cnn": 0.01, "vgg11": 0.05, "mobilenet": 0.5}  # cnn: results/lr_grid.csv
     temperature_init: ClassVar[float] = 1.0

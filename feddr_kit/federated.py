@@ -239,10 +239,10 @@ def run(
 
     torch.manual_seed(cfg.seed)
     algo = get_algorithm(cfg)
-    model = build_model(cfg.model, data.num_classes).to(device)
+    model = build_model(cfg.model, data.num_classes, head_bias=algo.head_bias).to(device)
     algo.setup(model, cfg.seed)
     lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
-    teacher = build_model(cfg.model, data.num_classes).to(device)
+    teacher = build_model(cfg.model, data.num_classes, head_bias=algo.head_bias).to(device)
     algo.adapt_model(teacher)  # same architecture as the global model (FedETF's projection)
     teacher.eval().requires_grad_(False)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}

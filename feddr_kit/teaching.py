@@ -274,6 +274,8 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
         except RuntimeError as err:
             raise FeddrKitError(f"{name} changes the architecture, so it cannot start from this global model") from err
         model.head.weight.requires_grad_(not algo.head_frozen)
+        if model.head.bias is not None:
+            model.head.bias.requires_grad_(not algo.head_frozen)
         g_view = probe_view(teacher, algo, data, px, py)
         for k in [int(c) for c in clients]:
             model.load_state_dict(global_state)
