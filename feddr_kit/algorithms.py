@@ -19,7 +19,7 @@ from torch import nn
 from . import heads, losses
 from .config import Config
 from .errors import FeddrKitError
-from .models import Net
+from .models import EVAL_BATCH_SIZE, Net, eval_order
 
 if TYPE_CHECKING:
     from .data import ImageData
@@ -513,9 +513,11 @@ class SphereFed(Algorithm):
         d, C = model.feature_dim, model.num_classes
         G = torch.zeros(d, d, dtype=torch.float64, device=device)
         B = torch.zeros(d, C, dtype=torch.float64, device=device)
-        for indices in partition.train_indices:  # each client's (G_k, B_k), summed by the server
+        for k, indices in enumerate(partition.train_indices):  # each client's (G_k, B_k), summed by the server
             idx = torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(device)
-            for chunk in idx.split(100):  # fixed batches, for batch-statistics BatchNorm
+            if model.batch_stat_norm:  # a fixed shuffle of the client's images: no one-class batches
+                idx = idx[eval_order(len(idx), self.cfg.seed, 3, k).to(device)]
+            for chunk in idx.split(EVAL_BATCH_SIZE):  # fixed batches, for batch-statistics BatchNorm
                 h = F.normalize(model.features(data.normalize(data.train_x[chunk])).double(), dim=1, eps=1e-12)
                 G += h.T @ h
                 B.index_add_(1, data.train_y[chunk], h.T)

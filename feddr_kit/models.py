@@ -25,7 +25,8 @@ class Net(nn.Module):
         self.feature_dim = feature_dim
         self.num_classes = num_classes
         # True when BatchNorm uses batch statistics at eval time too (no running stats): predictions
-        # then depend on how test batches are composed, so evaluation keeps a fixed batch size.
+        # then depend on how test batches are composed, so evaluation feeds fixed batches of
+        # EVAL_BATCH_SIZE in a fixed, seeded order (see eval_order).
         self.batch_stat_norm = batch_stat_norm
         self.head = nn.Linear(feature_dim, num_classes, bias=head_bias)
 

@@ -248,7 +248,7 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     from . import probes as probes_mod
     from .algorithms import ClientContext, get_algorithm
     from .config import Config
-    from .federated import local_steps, probe_view, sample_clients, train_client
+    from .federated import local_steps, probe_set, probe_view, sample_clients, train_client
 
     runs = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
     device = next(global_model.parameters()).device
@@ -257,8 +257,7 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     if clients is None:
         clients = sample_clients(seed, round, partition.num_clients, clients_per_round)
     mean_size = len(data.train_y) // partition.num_clients
-    pidx = probes_mod.probe_indices(data.test_y, probe_samples, seed).to(device)
-    px, py = data.test_x[pidx], data.test_y[pidx]
+    px, py = probe_set(data, probe_samples, seed, global_model)
     global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
     teacher = copy.deepcopy(global_model).eval().requires_grad_(False)
     rows = []
