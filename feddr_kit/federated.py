@@ -88,13 +88,21 @@ def client_generator(seed: int, round: int, client: int, device: torch.device) -
     return torch.Generator(device=device).manual_seed(s)
 
 
+def dirichlet_steps(cfg: Config) -> bool:
+    """True when clients take the Dirichlet (LDA) rule's random batches: ``partition="dirichlet"``, or a
+    reference partition file of the Dirichlet kind (:func:`feddr_kit.partition.reference_scheme`)."""
+    if cfg.partition == "reference":
+        return partition_mod.reference_scheme(cfg.reference_partition) == "dirichlet"
+    return cfg.partition == "dirichlet"
+
+
 def local_steps(num_samples: int, cfg: Config, mean_client_size: int) -> int:
     """Local SGD steps of a client (spec §0).
 
     Shard / iid: ``E`` full epochs, ``E·⌈n/B⌉`` steps. Dirichlet: ``E·⌊(N/K)/B⌋`` random batches
     whatever the client's own size ``n``, with ``N/K`` = ``mean_client_size``.
     """
-    if cfg.partition == "dirichlet":
+    if dirichlet_steps(cfg):
         return cfg.local_epochs * max(1, mean_client_size // cfg.batch_size)
     return cfg.local_epochs * math.ceil(num_samples / cfg.batch_size)
 
@@ -106,7 +114,7 @@ def local_batches(indices: torch.Tensor, cfg: Config, num_steps: int, gen: torch
     batch is the first ``B`` of a fresh shuffle, so batches are i.i.d. across steps (spec §0).
     """
     n = indices.numel()
-    if cfg.partition == "dirichlet":
+    if dirichlet_steps(cfg):
         for _ in range(num_steps):
             yield indices[torch.randperm(n, generator=gen, device=indices.device)[: cfg.batch_size]]
         return
@@ -122,6 +130,8 @@ def make_partition(cfg: Config, data: ImageData) -> Partition:
         return partition_mod.shard(y, ty, cfg.num_clients, cfg.shards_per_client, seed=seed)
     if cfg.partition == "dirichlet":
         return partition_mod.dirichlet(y, ty, cfg.num_clients, cfg.alpha, seed=seed)
+    if cfg.partition == "reference":
+        return partition_mod.reference(cfg.reference_partition, y, ty, seed=seed)
     return partition_mod.iid(y, ty, cfg.num_clients, seed=seed)
 
 
