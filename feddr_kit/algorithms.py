@@ -299,15 +299,18 @@ class Scaffold(Algorithm):
     becomes ``g - c_i + c`` before the SGD step (momentum and weight decay are then applied by SGD,
     as in [REF]). After ``K`` steps at lr ``η``: ``c_i⁺ = c_i - c + (x - y)/(K_eff·η)``; the client
     uploads ``Δc_i = c_i⁺ - c_i``; the server sets ``x`` to the weighted average and ``c ← c + (1/N)Σ Δc_i``.
+
+    ``Config.scaffold_zero_head_grad`` (default off, as the spec recommends) reproduces [REF], which
+    zeroes the loss gradient of the head's weight (not its bias) before adding the correction, so the
+    head weight moves only by ``c - c_i`` and weight decay (spec §5 pitfall; the paper's SCAFFOLD numbers).
     """
 
     name = "scaffold"
     default_lr = _CE_LR
-    # [REF] zeroes the cross-entropy gradient of the head (spec §5 pitfall); off, as the spec recommends.
-    zero_head_grad: ClassVar[bool] = False
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
+        self.zero_head_grad = bool(cfg.scaffold_zero_head_grad)
         self.names: list[str] = []
         self.c: dict[str, torch.Tensor] = {}
         self.c_clients: dict[int, dict[str, torch.Tensor]] = {}
@@ -404,16 +407,38 @@ def fedexp_server_lr(mean_sq_norm: float, sq_norm_of_mean: float, num_clients: i
     return max(1.0, 0.5 * mean_sq_norm / denominator)
 
 
+def fedexp_reference_server_lr(mean_norm: float, norm_of_mean: float, total_clients: int, eps: float) -> float:
+    """The FedDr+ reference code's FedExP step ``η_g = min(1, 0.5·mean_i‖Δ_i‖ / (‖Δ̄‖ + M·ε))`` (spec §7).
+
+    ``mean_norm`` is the unweighted mean over the round's clients of ``‖Δ_i‖`` (norms, not squared),
+    ``norm_of_mean`` is ``‖Σ p_i Δ_i‖``, ``total_clients`` is ``M``, the number of ALL clients (not
+    the round's), and ``ε`` is used as given (the reference never decays it). The step is at most 1:
+    it never extrapolates. When every update is zero and ``ε = 0`` the step is 1.
+    """
+    denominator = norm_of_mean + total_clients * eps
+    if denominator <= 0.0:
+        return 1.0
+    return min(1.0, 0.5 * mean_norm / denominator)
+
+
 @register
 class FedExP(Algorithm):
     """FedExP: FedAvg clients, an extrapolated server step, and the last two iterates averaged for reporting (spec §7).
 
-    Over parameters: ``x ← x + η_g·Δ̄`` with :func:`fedexp_server_lr`; buffers take the plain average.
-    ``ε`` starts at ``Config.fedexp_eps`` and is multiplied by ``0.998²`` at the start of every round
-    (before use, as the official code). The local lr is NOT decayed by 0.998 per round: the kit's lr
-    schedule is global and shared by all methods, as in [REF]. :meth:`eval_state` reports
-    ``(x_{t+1} + x_t)/2`` (after the first round: ``x_1``, as the official code); training continues
-    from ``x_{t+1}``. ``eta_g`` holds the step of every round so far.
+    Two server steps, by ``Config.fedexp_step``:
+
+    * ``"fedexp"`` (default), the FedExP authors' step (their paper and code): over parameters
+      ``x ← x + η_g·Δ̄`` with :func:`fedexp_server_lr` (``η_g ≥ 1``); buffers take the plain average.
+      ``ε`` starts at ``Config.fedexp_eps`` and is multiplied by ``0.998²`` at the start of every round
+      (before use, as the official code). :meth:`eval_state` reports ``(x_{t+1} + x_t)/2`` (after the
+      first round: ``x_1``, as the official code); training continues from ``x_{t+1}``.
+    * ``"reference"``, the FedDr+ reference code's step, which produced the paper's FedExP numbers
+      (≈ FedAvg): :func:`fedexp_reference_server_lr` (``η_g ≤ 1``, never extrapolates) with the
+      unweighted mean of the clients' update norms, ``M = Config.num_clients``, a constant ``ε``, and
+      the latest iterate reported (no averaging of the last two).
+
+    The local lr is NOT decayed by 0.998 per round: the kit's lr schedule is global and shared by all
+    methods, as in [REF]. ``eta_g`` holds the step of every round so far.
     """
 
     name = "fedexp"
@@ -422,6 +447,7 @@ class FedExP(Algorithm):
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
+        self.reference_step = cfg.fedexp_step == "reference"
         self.eps = float(cfg.fedexp_eps)
         self.param_names: list[str] = []
         self.previous: dict[str, torch.Tensor] | None = None  # x_t, the iterate before the latest step
@@ -445,13 +471,18 @@ class FedExP(Algorithm):
 
     @torch.no_grad()
     def server_update(self, global_state, average, uploads, weights, round):
-        self.eps *= self.eps_decay
         delta = {n: average[n] - global_state[n] for n in self.param_names}
         sq_norm_of_mean = sum(float(d.double().pow(2).sum()) for d in delta.values())
-        mean_sq_norm = sum(w * u["delta_sq_norm"] for u, w in zip(uploads, weights)) / sum(weights)
-        eta = fedexp_server_lr(mean_sq_norm, sq_norm_of_mean, len(uploads), self.eps)
+        if self.reference_step:
+            mean_norm = sum(math.sqrt(u["delta_sq_norm"]) for u in uploads) / len(uploads)
+            eta = fedexp_reference_server_lr(mean_norm, math.sqrt(sq_norm_of_mean), self.cfg.num_clients, self.eps)
+        else:
+            self.eps *= self.eps_decay
+            mean_sq_norm = sum(w * u["delta_sq_norm"] for u, w in zip(uploads, weights)) / sum(weights)
+            eta = fedexp_server_lr(mean_sq_norm, sq_norm_of_mean, len(uploads), self.eps)
         self.eta_g.append(eta)
-        self.previous = {n: global_state[n].clone() for n in self.param_names} if round > 0 else None
+        keep_previous = round > 0 and not self.reference_step
+        self.previous = {n: global_state[n].clone() for n in self.param_names} if keep_previous else None
         new = dict(average)
         for n in self.param_names:
             new[n] = global_state[n] + eta * delta[n]

@@ -61,7 +61,9 @@ class Config:
     # algorithm hyper-parameters (used by the methods that need them)
     mu: float = field(default=1e-3, metadata={"help": "prox: weight mu of (mu/2)||theta - theta_g||^2"})
     tau: float = field(default=1.0, metadata={"help": "kd / ntd temperature"})
-    fedexp_eps: float = field(default=1e-3, metadata={"help": "FedExP epsilon (decayed by 0.998^2 per round)"})
+    fedexp_eps: float = field(default=1e-3, metadata={"help": "FedExP epsilon (decayed by 0.998^2 per round with fedexp_step=fedexp)"})
+    fedexp_step: str = field(default="fedexp", metadata={"help": "fedexp (the FedExP paper's extrapolating step) | reference (the FedDr+ code's step, which never extrapolates: the paper's FedExP numbers)"})
+    scaffold_zero_head_grad: bool = field(default=False, metadata={"help": "SCAFFOLD: zero the head weight's loss gradient before the control-variate correction, as the FedDr+ code"})
     spherefed_calibration: bool = field(default=False, metadata={"help": "SphereFed closed-form head calibration after training"})
 
     def __post_init__(self) -> None:
@@ -131,6 +133,9 @@ class Config:
         real("mu", 0.0, math.inf)
         real("tau", 0.0, math.inf, low_open=True)
         real("fedexp_eps", 0.0, math.inf)
+        choice("fedexp_step", FEDEXP_STEPS)
+        if not isinstance(self.scaffold_zero_head_grad, bool):
+            raise FeddrKitError(f"scaffold_zero_head_grad must be True or False, got {self.scaffold_zero_head_grad!r}")
         return self
 
     # ---------------------------------------------------------------- conversions
