@@ -104,9 +104,10 @@ class Config:
         choice("device", DEVICES)
         if self.dataset == "imagefolder" and not self.data_path:
             raise FeddrKitError("data_path must name a folder with train/ and test/ when dataset='imagefolder'")
-        if self.partition == "reference" and not (isinstance(self.reference_partition, str) and self.reference_partition):
+        if (self.partition == "reference" or self.reference_partition is not None) and not (
+                isinstance(self.reference_partition, str) and self.reference_partition):
             raise FeddrKitError("reference_partition must name a reference partition file (e.g. 'cifar10_shard_s2') "
-                                f"or a path to one when partition='reference', got {self.reference_partition!r}")
+                                f"or a path to one, for partition='reference'; got {self.reference_partition!r}")
         integer("num_clients", 1)
         integer("shards_per_client", 1)
         real("alpha", 0.0, math.inf, low_open=True)

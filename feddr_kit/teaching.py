@@ -263,7 +263,8 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     rows = []
     for label, name in runs.items():
         cfg = Config(algorithm=name, local_epochs=local_epochs, seed=seed, beta=beta, progress=False,
-                     lr=(lr or {}).get(name), partition=partition.kind)
+                     lr=(lr or {}).get(name), partition=partition.kind,
+                     reference_partition=partition.params["file"] if partition.kind == "reference" else None)
         algo = get_algorithm(cfg)
         lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
         model = copy.deepcopy(global_model)

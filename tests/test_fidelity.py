@@ -433,6 +433,8 @@ def test_reference_refuses_class_sorted_labels_and_wrong_lengths():
     with pytest.raises(FeddrKitError, match=r"sorted by class.*cifar-100-python"):
         labels100 = torchvision_like_labels(100)
         fk.partition.reference("cifar100_shard_s10", np.sort(labels100[0]), labels100[1])
+    with pytest.raises(FeddrKitError, match="test_y: labels are sorted by class"):  # any order of class blocks
+        fk.partition.reference("cifar10_shard_s2", train_y, (9 - np.sort(test_y)))
     with pytest.raises(FeddrKitError, match="train_y: has 49999 labels"):
         fk.partition.reference("cifar10_shard_s2", train_y[:-1], test_y)
     with pytest.raises(FeddrKitError, match="test_y: has 9000 labels"):
@@ -493,6 +495,8 @@ def test_reference_folder_follows_the_argument_then_the_environment(tmp_path, mo
 def test_config_partition_reference_is_wired_through_make_partition():
     with pytest.raises(FeddrKitError, match="reference_partition"):
         fk.Config(partition="reference")
+    with pytest.raises(FeddrKitError, match="reference_partition"):
+        fk.Config(partition="reference", reference_partition=3)
     train_y, test_y = torchvision_like_labels(10)
     data = types.SimpleNamespace(train_y=torch.from_numpy(train_y), test_y=torch.from_numpy(test_y))
     cfg = fk.Config(partition="reference", reference_partition="cifar10_shard_s5")
@@ -518,6 +522,23 @@ def test_a_run_on_a_reference_partition_file(synthetic, tmp_path):
     assert result.partition.kind == "reference"
     assert [t.tolist() for t in result.partition.train_indices] == [s.tolist() for s in split]
     assert np.isfinite(result.history["train_loss"]).all()
+
+
+def test_local_round_probes_take_a_reference_partition(synthetic, tmp_path):
+    from feddr_kit import teaching
+
+    perm = np.random.default_rng(0).permutation(len(synthetic.train_y))
+    tperm = np.random.default_rng(1).permutation(len(synthetic.test_y))
+    data = dataclasses.replace(synthetic, train_x=synthetic.train_x[perm], train_y=synthetic.train_y[perm],
+                               test_x=synthetic.test_x[tperm], test_y=synthetic.test_y[tperm])
+    path = tmp_path / "tiny_dirichlet_alpha1.npz"
+    np.savez(path, **{f"train_{k}": s for k, s in enumerate(np.array_split(np.arange(len(perm)), 4))})
+    with pytest.warns(UserWarning, match="no test sets"):
+        part = fk.partition.reference(path, data.train_y, data.test_y)
+    torch.manual_seed(0)
+    model = build_model("cnn", 10)
+    df = teaching.local_round_probes(model, data, part, ["dr"], clients=[1], local_epochs=1, probe_samples=40)
+    assert len(df) == 1 and df["feat_dist_obs"].iloc[0] > 0
 
 
 # =========================================================================== FedDr+ against the spec's formulas
