@@ -19,7 +19,7 @@ from torch import nn
 from . import heads, losses
 from .config import Config
 from .errors import FeddrKitError
-from .models import Net
+from .models import EVAL_BATCH_SIZE, Net, eval_order
 
 if TYPE_CHECKING:
     from .data import ImageData
@@ -64,6 +64,9 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     head: ClassVar[str] = "learned"  # one of HEAD_KINDS
+    # Whether the head has a bias, as in the reference code: the cross-entropy methods do (FedBABU's is
+    # frozen with its head); the fixed geometric heads (etf, orthonormal) do not.
+    head_bias: ClassVar[bool] = True
     normalize_features: ClassVar[bool] = False  # logits = head(ĥ) instead of head(h)
     default_regularizer: ClassVar[str] = "none"
     # Default initial lr per model, chosen by the grid in results/lr_grid.csv (teaching scale, cnn)
@@ -74,6 +77,7 @@ class Algorithm:
         self.cfg = cfg
         self.regularizer = cfg.regularizer if cfg.regularizer is not None else self.default_regularizer
         self.fixed_head: torch.Tensor | None = None
+        self.fixed_bias: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ model set-up
     def adapt_model(self, model: Net) -> None:
@@ -84,7 +88,11 @@ class Algorithm:
         """
 
     def setup(self, model: Net, seed: int) -> None:
-        """Adapt the architecture, then install and freeze the head on the global model, once, before round 0."""
+        """Adapt the architecture, then install and freeze the head on the global model, once, before round 0.
+
+        A frozen head's bias (FedBABU's; build the model with ``head_bias=self.head_bias``) is set from
+        the same seed as its weight and frozen with it, so every client and every run of a seed share it.
+        """
         self.adapt_model(model)
         C, d = model.num_classes, model.feature_dim
         build = {"random_frozen": heads.random_head, "etf": heads.simplex_etf, "orthonormal": heads.orthonormal_head}
@@ -93,6 +101,11 @@ class Algorithm:
                 model.head.weight.copy_(build[self.head](C, d, seed))
             model.head.weight.requires_grad_(False)
             self.fixed_head = model.head.weight.detach().clone()
+            if model.head.bias is not None:
+                with torch.no_grad():
+                    model.head.bias.copy_(heads.random_head_bias(C, d, seed))
+                model.head.bias.requires_grad_(False)
+                self.fixed_bias = model.head.bias.detach().clone()
 
     @property
     def head_frozen(self) -> bool:
@@ -168,9 +181,11 @@ class Algorithm:
         return average
 
     def finalize_global(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Re-assert the frozen head after aggregation (float averages can drift by a few ULP)."""
+        """Re-assert the frozen head (weight, and bias when frozen too) after aggregation (float averages can drift by a few ULP)."""
         if self.fixed_head is not None:
             state["head.weight"] = self.fixed_head.to(state["head.weight"].device).clone()
+        if self.fixed_bias is not None and "head.bias" in state:
+            state["head.bias"] = self.fixed_bias.to(state["head.bias"].device).clone()
         return state
 
     def eval_state(self, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -201,6 +216,8 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     """Class decorator adding an algorithm to :data:`ALGORITHMS` under ``cls.name``."""
     if cls.head not in HEAD_KINDS:
         raise FeddrKitError(f"head must be one of {', '.join(HEAD_KINDS)}, got {cls.head!r}")
+    if cls.head_bias and cls.head in ("etf", "orthonormal"):
+        raise FeddrKitError(f"head_bias must be False for a fixed geometric head ({cls.head!r}), in {cls.__name__}")
     ALGORITHMS[cls.name] = cls
     return cls
 
@@ -218,7 +235,7 @@ _CE_LR = {"cnn": 0.01, "vgg11": 0.01, "mobilenet": 0.1}
 
 @register
 class FedAvg(Algorithm):
-    """FedAvg: cross-entropy, everything trained, size-weighted averaging (spec §2)."""
+    """FedAvg: cross-entropy, everything trained (head weight and bias), size-weighted averaging (spec §2)."""
 
     name = "fedavg"
     default_lr = _CE_LR
@@ -226,7 +243,7 @@ class FedAvg(Algorithm):
 
 @register
 class FedBABU(Algorithm):
-    """FedBABU: the head stays at its shared random initialization; only the body learns (spec §4)."""
+    """FedBABU: the head (weight and bias) stays at its shared random initialization; only the body learns (spec §4)."""
 
     name = "fedbabu"
     head = "random_frozen"
@@ -239,6 +256,7 @@ class DotRegression(Algorithm):
 
     name = "dr"
     head = "etf"
+    head_bias = False
     normalize_features = True
     default_lr = {"cnn": 0.03, "vgg11": 0.35, "mobilenet": 5.0}  # cnn: results/lr_grid.csv
 
@@ -281,15 +299,18 @@ class Scaffold(Algorithm):
     becomes ``g - c_i + c`` before the SGD step (momentum and weight decay are then applied by SGD,
     as in [REF]). After ``K`` steps at lr ``η``: ``c_i⁺ = c_i - c + (x - y)/(K_eff·η)``; the client
     uploads ``Δc_i = c_i⁺ - c_i``; the server sets ``x`` to the weighted average and ``c ← c + (1/N)Σ Δc_i``.
+
+    ``Config.scaffold_zero_head_grad`` (default off, as the spec recommends) reproduces [REF], which
+    zeroes the loss gradient of the head's weight (not its bias) before adding the correction, so the
+    head weight moves only by ``c - c_i`` and weight decay (spec §5 pitfall; the paper's SCAFFOLD numbers).
     """
 
     name = "scaffold"
     default_lr = _CE_LR
-    # [REF] zeroes the cross-entropy gradient of the head (spec §5 pitfall); off, as the spec recommends.
-    zero_head_grad: ClassVar[bool] = False
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
+        self.zero_head_grad = bool(cfg.scaffold_zero_head_grad)
         self.names: list[str] = []
         self.c: dict[str, torch.Tensor] = {}
         self.c_clients: dict[int, dict[str, torch.Tensor]] = {}
@@ -386,16 +407,38 @@ def fedexp_server_lr(mean_sq_norm: float, sq_norm_of_mean: float, num_clients: i
     return max(1.0, 0.5 * mean_sq_norm / denominator)
 
 
+def fedexp_reference_server_lr(mean_norm: float, norm_of_mean: float, total_clients: int, eps: float) -> float:
+    """The FedDr+ reference code's FedExP step ``η_g = min(1, 0.5·mean_i‖Δ_i‖ / (‖Δ̄‖ + M·ε))`` (spec §7).
+
+    ``mean_norm`` is the unweighted mean over the round's clients of ``‖Δ_i‖`` (norms, not squared),
+    ``norm_of_mean`` is ``‖Σ p_i Δ_i‖``, ``total_clients`` is ``M``, the number of ALL clients (not
+    the round's), and ``ε`` is used as given (the reference never decays it). The step is at most 1:
+    it never extrapolates. When every update is zero and ``ε = 0`` the step is 1.
+    """
+    denominator = norm_of_mean + total_clients * eps
+    if denominator <= 0.0:
+        return 1.0
+    return min(1.0, 0.5 * mean_norm / denominator)
+
+
 @register
 class FedExP(Algorithm):
     """FedExP: FedAvg clients, an extrapolated server step, and the last two iterates averaged for reporting (spec §7).
 
-    Over parameters: ``x ← x + η_g·Δ̄`` with :func:`fedexp_server_lr`; buffers take the plain average.
-    ``ε`` starts at ``Config.fedexp_eps`` and is multiplied by ``0.998²`` at the start of every round
-    (before use, as the official code). The local lr is NOT decayed by 0.998 per round: the kit's lr
-    schedule is global and shared by all methods, as in [REF]. :meth:`eval_state` reports
-    ``(x_{t+1} + x_t)/2`` (after the first round: ``x_1``, as the official code); training continues
-    from ``x_{t+1}``. ``eta_g`` holds the step of every round so far.
+    Two server steps, by ``Config.fedexp_step``:
+
+    * ``"fedexp"`` (default), the FedExP authors' step (their paper and code): over parameters
+      ``x ← x + η_g·Δ̄`` with :func:`fedexp_server_lr` (``η_g ≥ 1``); buffers take the plain average.
+      ``ε`` starts at ``Config.fedexp_eps`` and is multiplied by ``0.998²`` at the start of every round
+      (before use, as the official code). :meth:`eval_state` reports ``(x_{t+1} + x_t)/2`` (after the
+      first round: ``x_1``, as the official code); training continues from ``x_{t+1}``.
+    * ``"reference"``, the FedDr+ reference code's step, which produced the paper's FedExP numbers
+      (≈ FedAvg): :func:`fedexp_reference_server_lr` (``η_g ≤ 1``, never extrapolates) with the
+      unweighted mean of the clients' update norms, ``M = Config.num_clients``, a constant ``ε``, and
+      the latest iterate reported (no averaging of the last two).
+
+    The local lr is NOT decayed by 0.998 per round: the kit's lr schedule is global and shared by all
+    methods, as in [REF]. ``eta_g`` holds the step of every round so far.
     """
 
     name = "fedexp"
@@ -404,6 +447,7 @@ class FedExP(Algorithm):
 
     def __init__(self, cfg: Config):
         super().__init__(cfg)
+        self.reference_step = cfg.fedexp_step == "reference"
         self.eps = float(cfg.fedexp_eps)
         self.param_names: list[str] = []
         self.previous: dict[str, torch.Tensor] | None = None  # x_t, the iterate before the latest step
@@ -427,13 +471,18 @@ class FedExP(Algorithm):
 
     @torch.no_grad()
     def server_update(self, global_state, average, uploads, weights, round):
-        self.eps *= self.eps_decay
         delta = {n: average[n] - global_state[n] for n in self.param_names}
         sq_norm_of_mean = sum(float(d.double().pow(2).sum()) for d in delta.values())
-        mean_sq_norm = sum(w * u["delta_sq_norm"] for u, w in zip(uploads, weights)) / sum(weights)
-        eta = fedexp_server_lr(mean_sq_norm, sq_norm_of_mean, len(uploads), self.eps)
+        if self.reference_step:
+            mean_norm = sum(math.sqrt(u["delta_sq_norm"]) for u in uploads) / len(uploads)
+            eta = fedexp_reference_server_lr(mean_norm, math.sqrt(sq_norm_of_mean), self.cfg.num_clients, self.eps)
+        else:
+            self.eps *= self.eps_decay
+            mean_sq_norm = sum(w * u["delta_sq_norm"] for u, w in zip(uploads, weights)) / sum(weights)
+            eta = fedexp_server_lr(mean_sq_norm, sq_norm_of_mean, len(uploads), self.eps)
         self.eta_g.append(eta)
-        self.previous = {n: global_state[n].clone() for n in self.param_names} if round > 0 else None
+        keep_previous = round > 0 and not self.reference_step
+        self.previous = {n: global_state[n].clone() for n in self.param_names} if keep_previous else None
         new = dict(average)
         for n in self.param_names:
             new[n] = global_state[n] + eta * delta[n]
@@ -469,6 +518,7 @@ class SphereFed(Algorithm):
 
     name = "spherefed"
     head = "orthonormal"
+    head_bias = False
     normalize_features = True
     default_lr = {"cnn": 0.1, "vgg11": 0.55, "mobilenet": 6.5}  # cnn: results/lr_grid.csv
     calibration_ridge: ClassVar[float] = 1e-3
@@ -494,9 +544,11 @@ class SphereFed(Algorithm):
         d, C = model.feature_dim, model.num_classes
         G = torch.zeros(d, d, dtype=torch.float64, device=device)
         B = torch.zeros(d, C, dtype=torch.float64, device=device)
-        for indices in partition.train_indices:  # each client's (G_k, B_k), summed by the server
+        for k, indices in enumerate(partition.train_indices):  # each client's (G_k, B_k), summed by the server
             idx = torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(device)
-            for chunk in idx.split(100):  # fixed batches, for batch-statistics BatchNorm
+            if model.batch_stat_norm:  # a fixed shuffle of the client's images: no one-class batches
+                idx = idx[eval_order(len(idx), self.cfg.seed, 3, k).to(device)]
+            for chunk in idx.split(EVAL_BATCH_SIZE):  # fixed batches, for batch-statistics BatchNorm
                 h = F.normalize(model.features(data.normalize(data.train_x[chunk])).double(), dim=1, eps=1e-12)
                 G += h.T @ h
                 B.index_add_(1, data.train_y[chunk], h.T)
@@ -542,6 +594,7 @@ class FedETF(Algorithm):
 
     name = "fedetf"
     head = "etf"
+    head_bias = False
     normalize_features = True
     default_lr = {"cnn": 0.01, "vgg11": 0.05, "mobilenet": 0.5}  # cnn: results/lr_grid.csv
     temperature_init: ClassVar[float] = 1.0

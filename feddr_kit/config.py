@@ -19,7 +19,8 @@ import numpy as np
 from .errors import FeddrKitError
 
 DATASETS = ("cifar10", "cifar100", "imagefolder", "synthetic")
-PARTITIONS = ("shard", "dirichlet", "iid")
+PARTITIONS = ("shard", "dirichlet", "iid", "reference")
+FEDEXP_STEPS = ("fedexp", "reference")
 REGULARIZERS = ("none", "prox", "kd", "ntd", "ld", "fd")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -31,11 +32,12 @@ class Config:
     # data and partition
     dataset: str = field(default="cifar10", metadata={"help": "cifar10 | cifar100 | imagefolder | synthetic"})
     data_path: str | None = field(default=None, metadata={"help": "folder with train/ and test/ for dataset=imagefolder"})
-    partition: str = field(default="shard", metadata={"help": "shard | dirichlet | iid"})
+    partition: str = field(default="shard", metadata={"help": "shard | dirichlet | iid | reference (the FedDr+ code's own partition files: see reference_partition)"})
     num_clients: int = field(default=100, metadata={"help": "number of clients K (paper: 100)"})
     shards_per_client: int = field(default=2, metadata={"help": "classes-shards per client s for partition=shard (paper CIFAR-10: 2, 5, 10)"})
     alpha: float = field(default=0.1, metadata={"help": "Dirichlet concentration for partition=dirichlet (paper: 0.1-0.3)"})
     partition_seed: int | None = field(default=None, metadata={"help": "seed of the partition; None uses seed"})
+    reference_partition: str | None = field(default=None, metadata={"help": "for partition=reference: a file name such as cifar10_shard_s2 (in FEDDR_REFERENCE_DIR) or a path to an .npz"})
     # model and algorithm
     model: str = field(default="cnn", metadata={"help": "cnn | vgg11 | mobilenet (paper: vgg11 for CIFAR-10, mobilenet for CIFAR-100)"})
     algorithm: str = field(default="feddr+", metadata={"help": "fedavg | fedbabu | scaffold | fedntd | fedexp | spherefed | fedetf | dr | feddr+"})
@@ -64,7 +66,9 @@ class Config:
     # algorithm hyper-parameters (used by the methods that need them)
     mu: float = field(default=1e-3, metadata={"help": "prox: weight mu of (mu/2)||theta - theta_g||^2"})
     tau: float = field(default=1.0, metadata={"help": "kd / ntd temperature"})
-    fedexp_eps: float = field(default=1e-3, metadata={"help": "FedExP epsilon (decayed by 0.998^2 per round)"})
+    fedexp_eps: float = field(default=1e-3, metadata={"help": "FedExP epsilon (decayed by 0.998^2 per round with fedexp_step=fedexp)"})
+    fedexp_step: str = field(default="fedexp", metadata={"help": "fedexp (the FedExP paper's extrapolating step) | reference (the FedDr+ code's step, which never extrapolates: the paper's FedExP numbers)"})
+    scaffold_zero_head_grad: bool = field(default=False, metadata={"help": "SCAFFOLD: zero the head weight's loss gradient before the control-variate correction, as the FedDr+ code"})
     spherefed_calibration: bool = field(default=False, metadata={"help": "SphereFed closed-form head calibration after training"})
 
     def __post_init__(self) -> None:
@@ -127,6 +131,10 @@ class Config:
             boolean(name)
         if self.dataset == "imagefolder" and not self.data_path:
             raise FeddrKitError("data_path must name a folder with train/ and test/ when dataset='imagefolder'")
+        if (self.partition == "reference" or self.reference_partition is not None) and not (
+                isinstance(self.reference_partition, str) and self.reference_partition):
+            raise FeddrKitError("reference_partition must name a reference partition file (e.g. 'cifar10_shard_s2') "
+                                f"or a path to one, for partition='reference'; got {self.reference_partition!r}")
         integer("num_clients", 1)
         integer("shards_per_client", 1)
         real("alpha", 0.0, math.inf, low_open=True)
@@ -155,6 +163,9 @@ class Config:
         real("mu", 0.0, math.inf)
         real("tau", 0.0, math.inf, low_open=True)
         real("fedexp_eps", 0.0, math.inf)
+        choice("fedexp_step", FEDEXP_STEPS)
+        if not isinstance(self.scaffold_zero_head_grad, bool):
+            raise FeddrKitError(f"scaffold_zero_head_grad must be True or False, got {self.scaffold_zero_head_grad!r}")
         return self
 
     # ---------------------------------------------------------------- conversions

@@ -32,7 +32,7 @@ from .algorithms import ALGORITHMS, Algorithm, Batch, ClientContext, get_algorit
 from .config import Config
 from .data import ImageData, load
 from .errors import DivergedError, FeddrKitError
-from .models import Net, build_model
+from .models import EVAL_BATCH_SIZE, Net, build_model, eval_order
 from .partition import Partition
 
 CHECKPOINT = "checkpoint.pt"
@@ -107,13 +107,21 @@ def client_generator(seed: int, round: int, client: int, device: torch.device) -
     return torch.Generator(device=device).manual_seed(s)
 
 
+def dirichlet_steps(cfg: Config) -> bool:
+    """True when clients take the Dirichlet (LDA) rule's random batches: ``partition="dirichlet"``, or a
+    reference partition file of the Dirichlet kind (:func:`feddr_kit.partition.reference_scheme`)."""
+    if cfg.partition == "reference":
+        return partition_mod.reference_scheme(cfg.reference_partition) == "dirichlet"
+    return cfg.partition == "dirichlet"
+
+
 def local_steps(num_samples: int, cfg: Config, mean_client_size: int) -> int:
     """Local SGD steps of a client (spec §0).
 
     Shard / iid: ``E`` full epochs, ``E·⌈n/B⌉`` steps. Dirichlet: ``E·⌊(N/K)/B⌋`` random batches
     whatever the client's own size ``n``, with ``N/K`` = ``mean_client_size``.
     """
-    if cfg.partition == "dirichlet":
+    if dirichlet_steps(cfg):
         return cfg.local_epochs * max(1, mean_client_size // cfg.batch_size)
     return cfg.local_epochs * math.ceil(num_samples / cfg.batch_size)
 
@@ -125,7 +133,7 @@ def local_batches(indices: torch.Tensor, cfg: Config, num_steps: int, gen: torch
     batch is the first ``B`` of a fresh shuffle, so batches are i.i.d. across steps (spec §0).
     """
     n = indices.numel()
-    if cfg.partition == "dirichlet":
+    if dirichlet_steps(cfg):
         for _ in range(num_steps):
             yield indices[torch.randperm(n, generator=gen, device=indices.device)[: cfg.batch_size]]
         return
@@ -141,6 +149,8 @@ def make_partition(cfg: Config, data: ImageData) -> Partition:
         return partition_mod.shard(y, ty, cfg.num_clients, cfg.shards_per_client, seed=seed)
     if cfg.partition == "dirichlet":
         return partition_mod.dirichlet(y, ty, cfg.num_clients, cfg.alpha, seed=seed)
+    if cfg.partition == "reference":
+        return partition_mod.reference(cfg.reference_partition, y, ty, seed=seed)
     return partition_mod.iid(y, ty, cfg.num_clients, seed=seed)
 
 
@@ -200,39 +210,82 @@ def write_json(path: Path, obj: Any) -> None:
 
 # --------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def forward_all(model: Net, algo: Algorithm, data: ImageData, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_all(model: Net, algo: Algorithm, data: ImageData, x: torch.Tensor,
+                order: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Raw features ``[N, d]`` and logits ``[N, C]`` of uint8 images ``x`` ``[N,3,H,W]``, in eval mode.
 
-    Models whose BatchNorm uses batch statistics are fed fixed batches of 100 in order (spec §0).
+    Models whose BatchNorm uses batch statistics are fed fixed batches of ``EVAL_BATCH_SIZE`` (spec §0),
+    made in the order ``order`` (int64 ``[N]``, a permutation of ``range(N)``; default: x's own order).
+    The outputs are in ``x``'s order either way.
     """
     model.eval()
-    bs = 100 if model.batch_stat_norm else 1000
+    bs = EVAL_BATCH_SIZE if model.batch_stat_norm else 1000
+    idx = None if order is None else order.to(x.device)
+    chunks = x.split(bs) if idx is None else (x[i] for i in idx.split(bs))
     hs, zs = [], []
-    for chunk in x.split(bs):
+    for chunk in chunks:
         h = model.features(data.normalize(chunk)).float()
         hs.append(h)
         zs.append(algo.logits(model, h).float())
-    return torch.cat(hs), torch.cat(zs)
+    h, z = torch.cat(hs), torch.cat(zs)
+    if idx is None:
+        return h, z
+    h_out, z_out = torch.empty_like(h), torch.empty_like(z)
+    h_out[idx], z_out[idx] = h, z
+    return h_out, z_out
 
 
 class Evaluator:
-    """Global test accuracy and the mean over clients of accuracy on each client's local test set."""
+    """Global test accuracy and the mean over clients of accuracy on each client's local test set.
 
-    def __init__(self, data: ImageData, part: Partition):
+    A model without batch-statistics BatchNorm is evaluated in one pass over the test set in its
+    stored order (the order cannot change its outputs). A batch-statistics model (mobilenet) sees the
+    test set in one fixed permutation drawn from ``seed`` (:func:`feddr_kit.models.eval_order`), the
+    same in every round and on resume, in batches of ``EVAL_BATCH_SIZE``; each client's local
+    accuracy comes from its own test set, permuted the same way and batched alone, as a client would.
+    """
+
+    def __init__(self, data: ImageData, part: Partition, seed: int = 0):
         self.data = data
+        self.seed = seed
         ids = [np.full(len(t), k) for k, t in enumerate(part.test_indices)]
         dev = data.test_y.device
         self.flat_idx = torch.from_numpy(np.concatenate(part.test_indices).astype(np.int64)).to(dev)
         self.client_of = torch.from_numpy(np.concatenate(ids).astype(np.int64)).to(dev)
         self.num_clients = part.num_clients
+        self.test_indices = part.test_indices
+
+    def global_order(self) -> torch.Tensor:
+        """The order a batch-statistics model sees the test set in: int64 ``[M]``."""
+        return eval_order(len(self.data.test_y), self.seed, 0)
+
+    def client_order(self, client: int) -> torch.Tensor:
+        """Test indices of ``client`` in the order a batch-statistics model sees them: int64 ``[m_k]``."""
+        idx = torch.from_numpy(np.asarray(self.test_indices[client], dtype=np.int64))
+        return idx[eval_order(len(idx), self.seed, 1, client)]
 
     def __call__(self, model: Net, algo: Algorithm) -> dict[str, float]:
+        if model.batch_stat_norm:
+            return self._batch_stat(model, algo)
         _, logits = forward_all(model, algo, self.data, self.data.test_x)
         correct = (logits.argmax(1) == self.data.test_y).float()
         # Each client's local test set is a subset of the test set, so one pass serves all of them.
         hits = torch.bincount(self.client_of, weights=correct[self.flat_idx], minlength=self.num_clients)
         sizes = torch.bincount(self.client_of, minlength=self.num_clients).clamp(min=1)
         return {"test_acc": float(correct.mean()), "local_test_acc": float((hits / sizes).mean())}
+
+    def _batch_stat(self, model: Net, algo: Algorithm) -> dict[str, float]:
+        x, y = self.data.test_x, self.data.test_y
+        _, logits = forward_all(model, algo, self.data, x, self.global_order())
+        local = []
+        for k in range(self.num_clients):
+            idx = self.client_order(k).to(x.device)
+            if len(idx) == 0:  # as the one-pass path: an empty test set scores 0
+                local.append(0.0)
+                continue
+            _, z = forward_all(model, algo, self.data, x[idx])
+            local.append(float((z.argmax(1) == y[idx]).float().mean()))
+        return {"test_acc": float((logits.argmax(1) == y).float().mean()), "local_test_acc": float(np.mean(local))}
 
 
 # --------------------------------------------------------------------------- the run
@@ -284,10 +337,11 @@ def _run(cfg: Config, out_dir: Path | None, checkpoint: dict | None, data: Image
 
     torch.manual_seed(cfg.seed)
     algo = get_algorithm(cfg)
-    model = build_model(cfg.model, data.num_classes, image_size=data.image_shape[1:]).to(device)
+    model = build_model(cfg.model, data.num_classes, head_bias=algo.head_bias,
+                        image_size=data.image_shape[1:]).to(device)
     algo.setup(model, cfg.seed)
     lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
-    teacher = build_model(cfg.model, data.num_classes).to(device)
+    teacher = build_model(cfg.model, data.num_classes, head_bias=algo.head_bias).to(device)
     algo.adapt_model(teacher)  # same architecture as the global model (FedETF's projection)
     teacher.eval().requires_grad_(False)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -302,11 +356,8 @@ def _run(cfg: Config, out_dir: Path | None, checkpoint: dict | None, data: Image
 
     client_idx = [torch.from_numpy(t.astype(np.int64)).to(device) for t in part.train_indices]
     counts = torch.from_numpy(part.counts("train")).float().to(device)
-    evaluator = Evaluator(data, part)
-    probe = None
-    if cfg.probes:
-        pidx = probes_mod.probe_indices(data.test_y, cfg.probe_samples, cfg.seed).to(device)
-        probe = (data.test_x[pidx], data.test_y[pidx])
+    evaluator = Evaluator(data, part, cfg.seed)
+    probe = probe_set(data, cfg.probe_samples, cfg.seed, model) if cfg.probes else None
 
     bar = tqdm(range(start, cfg.rounds), desc=f"{cfg.algorithm}", disable=not cfg.progress,
                initial=start, total=cfg.rounds, dynamic_ncols=True)
@@ -419,6 +470,16 @@ def train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx
             "try a smaller learning rate (the last good checkpoint in out_dir is kept: resume from it with a smaller lr)"
         )
     return mean_loss
+
+
+def probe_set(data: ImageData, num_samples: int, seed: int, model: Net) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe images (uint8 ``[P,3,H,W]``) and labels ``[P]``: a class-balanced, seeded test subsample
+    (:func:`feddr_kit.probes.probe_indices`), in a fixed seeded shuffle for a batch-statistics ``model``
+    (so no probe batch holds a single class; see :func:`feddr_kit.models.eval_order`)."""
+    pidx = probes_mod.probe_indices(data.test_y, num_samples, seed).to(data.test_y.device)
+    if model.batch_stat_norm:
+        pidx = pidx[eval_order(len(pidx), seed, 2).to(pidx.device)]
+    return data.test_x[pidx], data.test_y[pidx]
 
 
 def probe_view(model: Net, algo: Algorithm, data: ImageData, x: torch.Tensor, y: torch.Tensor) -> probes_mod.ModelView:

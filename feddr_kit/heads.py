@@ -1,6 +1,6 @@
-"""Fixed classifier heads: the simplex ETF of FedDr+, SphereFed's orthonormal head, FedBABU's random head.
+"""Fixed classifier heads: the simplex ETF of FedDr+, SphereFed's orthonormal head, FedBABU's random head (and bias).
 
-Every function returns a ``[C, d]`` float32 tensor whose row ``c`` is the classifier vector of
+The head functions return a ``[C, d]`` float32 tensor whose row ``c`` is the classifier vector of
 class ``c`` (the layout of ``nn.Linear(d, C).weight``). They are built once, on the server,
 from a seed, so every client receives the same head.
 """
@@ -83,3 +83,17 @@ def random_head(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
     _check(num_classes, dim)
     bound = 1.0 / math.sqrt(dim)
     return (torch.rand(num_classes, dim, generator=_generator(seed)) * 2 - 1) * bound
+
+
+def random_head_bias(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
+    """The bias that ``nn.Linear(dim, C)`` draws right after :func:`random_head`'s weight, from the same seed.
+
+    PyTorch's default bias init U(-1/sqrt(d), 1/sqrt(d)), continuing the weight's random stream, so
+    ``(random_head, random_head_bias)`` is one seeded default-initialized linear layer. FedBABU keeps
+    this bias frozen with its head (spec §4). Returns float32 ``[C]``.
+    """
+    _check(num_classes, dim)
+    gen = _generator(seed)
+    torch.rand(num_classes, dim, generator=gen)  # the weight's draw (random_head), skipped
+    bound = 1.0 / math.sqrt(dim)
+    return (torch.rand(num_classes, generator=gen) * 2 - 1) * bound

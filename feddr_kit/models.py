@@ -1,10 +1,14 @@
-"""Models: a body that computes the penultimate feature ``f(x; θ)`` and a bias-free linear head.
+"""Models: a body that computes the penultimate feature ``f(x; θ)`` and a linear head.
 
-``build_model(name, num_classes)`` returns a :class:`Net`; ``net.features(x)`` gives the raw
-feature ``[B, feature_dim]`` and ``net(x) = net.head(net.features(x))`` the logits ``[B, C]``.
+``build_model(name, num_classes, head_bias=False)`` returns a :class:`Net`; ``net.features(x)``
+gives the raw feature ``[B, feature_dim]`` and ``net(x) = net.head(net.features(x))`` the logits
+``[B, C]``. The head has a bias only when asked (the cross-entropy methods, as the reference code).
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 from torch import nn
 
@@ -12,17 +16,19 @@ from .errors import FeddrKitError
 
 
 class Net(nn.Module):
-    """A feature extractor ``body`` followed by a bias-free linear ``head`` ``[C, feature_dim]``."""
+    """A feature extractor ``body`` followed by a linear ``head`` (weight ``[C, feature_dim]``, bias ``[C]`` or None)."""
 
-    def __init__(self, body: nn.Module, feature_dim: int, num_classes: int, batch_stat_norm: bool = False):
+    def __init__(self, body: nn.Module, feature_dim: int, num_classes: int, batch_stat_norm: bool = False,
+                 head_bias: bool = False):
         super().__init__()
         self.body = body
         self.feature_dim = feature_dim
         self.num_classes = num_classes
         # True when BatchNorm uses batch statistics at eval time too (no running stats): predictions
-        # then depend on how test batches are composed, so evaluation keeps a fixed batch size.
+        # then depend on how test batches are composed, so evaluation feeds fixed batches of
+        # EVAL_BATCH_SIZE in a fixed, seeded order (see eval_order).
         self.batch_stat_norm = batch_stat_norm
-        self.head = nn.Linear(feature_dim, num_classes, bias=False)
+        self.head = nn.Linear(feature_dim, num_classes, bias=head_bias)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Raw penultimate features ``[B, feature_dim]`` of images ``x`` ``[B, 3, H, W]`` (normalized floats)."""
@@ -59,7 +65,16 @@ def _vgg11() -> tuple[nn.Module, int]:
             layers += [nn.Conv2d(channels, v, 3, padding=1), nn.ReLU(inplace=True)]
             channels = v
     layers += [nn.Flatten(), nn.Linear(512, 512), nn.ReLU(inplace=True), nn.Linear(512, 512), nn.ReLU(inplace=True)]
-    return nn.Sequential(*layers), 512
+    body = nn.Sequential(*layers)
+    # As the reference: only the convolutions are re-initialised, He-normal with fan-out
+    # N(0, 2/(k·k·out_channels)) and zero bias; the linear layers keep PyTorch's default init.
+    for m in body.modules():
+        if isinstance(m, nn.Conv2d):
+            fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
+            with torch.no_grad():
+                m.weight.normal_(0.0, math.sqrt(2.0 / fan_out))
+                m.bias.zero_()
+    return body, 512
 
 
 def _bn(channels: int) -> nn.BatchNorm2d:
@@ -103,19 +118,40 @@ def check_image_size(name: str, image_size: int | tuple[int, int]) -> None:
                             f"resize the images or pick another model")
 
 
-def build_model(name: str, num_classes: int, image_size: int | tuple[int, int] | None = None) -> Net:
+def build_model(name: str, num_classes: int, head_bias: bool = False,
+                image_size: int | tuple[int, int] | None = None) -> Net:
     """Build a model by name: ``"cnn"`` (small, CPU-friendly, d=128), ``"vgg11"`` (d=512), ``"mobilenet"`` (d=1024).
 
-    The head is PyTorch's default-initialized ``nn.Linear(d, num_classes, bias=False)``; algorithms
-    replace or freeze it. Parameters are drawn from torch's global RNG (seed it first). With
-    ``image_size`` (a side, or ``(H, W)``), images the model cannot take are refused
-    (see :data:`IMAGE_SIZES`).
+    The head is PyTorch's default-initialized ``nn.Linear(d, num_classes, bias=head_bias)``;
+    algorithms replace or freeze it (each says whether it wants a bias: ``Algorithm.head_bias``).
+    Parameters are drawn from torch's global RNG (seed it first). With ``image_size`` (a side, or
+    ``(H, W)``), images the model cannot take are refused (see :data:`IMAGE_SIZES`).
     """
     if name not in _BUILDERS:
         raise FeddrKitError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
     if not isinstance(num_classes, int) or num_classes < 2:
         raise FeddrKitError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    if not isinstance(head_bias, bool):
+        raise FeddrKitError(f"head_bias must be True or False, got {head_bias!r}")
     if image_size is not None:
         check_image_size(name, image_size)
     body, dim = _BUILDERS[name]()
-    return Net(body, dim, num_classes, batch_stat_norm=(name == "mobilenet"))
+    return Net(body, dim, num_classes, batch_stat_norm=(name == "mobilenet"), head_bias=head_bias)
+
+
+# --------------------------------------------------------------------------- evaluation order
+EVAL_BATCH_SIZE = 100  # test batch of the reference (spec §0); fixed, as batch statistics depend on it
+_EVAL_STREAM = 4242  # keeps the evaluation order's random stream apart from every other use of the seed
+
+
+def eval_order(n: int, seed: int, *stream: int) -> torch.Tensor:
+    """The order in which a batch-statistics model sees ``n`` evaluation samples: int64 ``[n]``.
+
+    A permutation of ``range(n)``, a pure function of ``(seed, *stream)``: the same in every round,
+    for every algorithm and after a resume. With BatchNorm on batch statistics a batch's predictions
+    depend on its class mix, and data stored by class (an image folder) would otherwise give
+    one-class batches whose statistics leak the label; a fixed shuffle gives each batch the class
+    mix of the whole set, as torchvision's interleaved CIFAR order does for the reference code.
+    """
+    rng = np.random.default_rng([int(seed), _EVAL_STREAM, *(int(s) for s in stream)])
+    return torch.from_numpy(rng.permutation(n).astype(np.int64))

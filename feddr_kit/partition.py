@@ -1,4 +1,4 @@
-"""Split a labelled dataset across federated clients: ``iid``, ``shard`` and ``dirichlet``.
+"""Split a labelled dataset across federated clients: ``iid``, ``shard``, ``dirichlet`` and ``reference``.
 
 Each partitioner returns a :class:`Partition`: per-client train indices and per-client test
 indices drawn from the official test split, built exactly as the FedDr+ reference code does
@@ -11,6 +11,9 @@ indices drawn from the official test split, built exactly as the FedDr+ referenc
   ``min_size`` samples); test sets per §11.3: per class, as many test images as train
   images (truncated at what exists), sampled afresh for each client.
 * ``iid``: shuffle and split evenly; the test split likewise.
+* ``reference``: the FedDr+ reference code's own pre-computed partitions (``.npz`` files in
+  ``shared/reference-partitions``), which its seed does not reproduce; they index torchvision's
+  CIFAR order, so they are refused for data stored in another order.
 
 All randomness comes from a local ``np.random.default_rng(seed)``: deterministic under a seed
 and independent of the global NumPy/Python random state.
@@ -20,7 +23,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import re
+import warnings
+import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -163,6 +171,161 @@ def dirichlet(train_y, test_y, num_clients: int = 100, alpha: float = 0.1, seed:
     test_idx = _matching_test_sets(train, test, train_idx, num_classes, rng)
     params = {"num_clients": num_clients, "alpha": alpha, "seed": seed, "min_size": min_size}
     return Partition("dirichlet", params, train_idx, test_idx, train, test, num_classes)
+
+
+# --------------------------------------------------------------------------------------
+# the reference code's partition files
+# --------------------------------------------------------------------------------------
+
+REFERENCE_ENV = "FEDDR_REFERENCE_DIR"
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REFERENCE_KEY = re.compile(r"^(train|test)_(\d+)$")
+# Files named cifar10_* / cifar100_* index torchvision's CIFAR splits: (classes, train size, test size, folder).
+_CIFAR = {"cifar10": (10, 50000, 10000, "cifar-10-batches-py"), "cifar100": (100, 50000, 10000, "cifar-100-python")}
+
+
+def reference_folder(reference_dir: str | os.PathLike | None = None) -> Path:
+    """Folder of the reference partition files: ``reference_dir``, else ``$FEDDR_REFERENCE_DIR``, else
+    ``shared/reference-partitions`` beside the repository (where this workplace keeps them)."""
+    if reference_dir is not None:
+        return Path(reference_dir).expanduser()
+    env = os.environ.get(REFERENCE_ENV)
+    if not env:
+        return _REPO_ROOT.parent / "shared" / "reference-partitions"
+    folder = Path(env).expanduser()
+    if not folder.is_absolute() and not folder.exists() and (_REPO_ROOT / folder).exists():
+        return _REPO_ROOT / folder
+    return folder
+
+
+def reference_scheme(path_or_name: str | os.PathLike) -> str | None:
+    """``"shard"`` or ``"dirichlet"``, as a reference file's name says (``cifar10_shard_s2`` → ``"shard"``);
+    None when the name says neither. The loop draws local batches by this scheme's rule (spec §0)."""
+    stem = Path(str(path_or_name)).name.removesuffix(".npz")
+    for scheme in ("shard", "dirichlet"):
+        if f"_{scheme}_" in f"_{stem}_":
+            return scheme
+    return None
+
+
+def reference(path_or_name: str | os.PathLike, train_y, test_y, seed: int = 0,
+              reference_dir: str | os.PathLike | None = None) -> Partition:
+    """A ``Partition`` from one of the FedDr+ reference code's partition files (``.npz``).
+
+    ``path_or_name``: a path to an ``.npz``, or a bare name such as ``"cifar10_shard_s2"`` looked up
+    in :func:`reference_folder` (``reference_dir``, ``$FEDDR_REFERENCE_DIR``, or the workplace's
+    ``shared/reference-partitions``). A file holds ``train_k`` (and ``test_k``) int64 index arrays for
+    clients ``k = 0..K-1`` into torchvision's CIFAR train (test) split, in torchvision's order.
+    ``train_y`` ``[N]``, ``test_y`` ``[M]``: the labels, in that same order.
+
+    Checked against the labels: every train index appears exactly once, every index is in range,
+    the client keys are contiguous, and for files named ``cifar10_*`` / ``cifar100_*`` the class count
+    and split sizes are CIFAR's. Labels stored in one block per class (the image-folder copy of CIFAR,
+    sorted by class) are refused:
+    the file's indices cannot be mapped onto them. A file without test sets gets them drawn by the
+    kit's rule (spec §11.3, from ``seed``), with a warning saying so. Returns a ``Partition`` of kind
+    ``"reference"``; ``params["scheme"]`` is :func:`reference_scheme` of the file.
+    """
+    path = _reference_path(path_or_name, reference_dir)
+    name = path.name.removesuffix(".npz")
+    train, test, num_classes = _labels_pair(train_y, test_y)
+    rng = _rng(seed)
+    expected = _CIFAR.get(name.split("_")[0])
+    if expected is not None:
+        classes, n_train, n_test, folder = expected
+        if num_classes != classes:
+            raise FeddrKitError(f"train_y: has {num_classes} classes but {name} partitions "
+                                f"{name.split('_')[0]} ({classes} classes)")
+        for arg, labels, n in (("train_y", train, n_train), ("test_y", test, n_test)):
+            if len(labels) != n:
+                raise FeddrKitError(f"{arg}: has {len(labels)} labels but {name} indexes torchvision's "
+                                    f"{name.split('_')[0]} split of {n}; pass that split's labels in its own order")
+    else:
+        folder = "torchvision's CIFAR files"
+    for arg, labels in (("train_y", train), ("test_y", test)):
+        if len(labels) > 1 and np.count_nonzero(np.diff(labels)) < num_classes:  # one block per class
+            raise FeddrKitError(f"{arg}: labels are sorted by class, not in torchvision's CIFAR order (an image-folder "
+                                f"copy?), so {name}'s indices cannot be mapped onto them; load torchvision's CIFAR "
+                                f"files instead ({folder}/ in FEDDR_DATA_DIR)")
+    train_idx, test_idx = _read_reference(path, name)
+    everything = np.concatenate(train_idx)
+    if len(everything) != len(train):
+        raise FeddrKitError(f"train_y: has {len(train)} labels but {name} assigns {len(everything)} train "
+                            "indices; pass the labels of the whole train split it was made for")
+    _check_reference_range(everything, len(train), name, "train", "train_y")
+    seen = np.bincount(everything, minlength=len(train))
+    if (seen != 1).any():
+        i = int(np.flatnonzero(seen != 1)[0])
+        raise FeddrKitError(f"path_or_name: {path} is corrupt: train index {i} appears {seen[i]} times "
+                            "(every train index must appear exactly once)")
+    params = {"file": name, "num_clients": len(train_idx), "scheme": reference_scheme(name)}
+    if test_idx is None:
+        warnings.warn(f"{name} holds no test sets: each client's test set is drawn from test_y by the kit's "
+                      f"rule (spec §11.3: per class, as many as the client's train count) with seed={seed}",
+                      stacklevel=2)
+        test_idx = _matching_test_sets(train, test, train_idx, num_classes, rng)
+        params["test_seed"] = seed
+    else:
+        _check_reference_range(np.concatenate(test_idx), len(test), name, "test", "test_y")
+    return Partition("reference", params, train_idx, test_idx, train, test, num_classes)
+
+
+def _reference_path(path_or_name, reference_dir) -> Path:
+    """The file ``path_or_name`` names: a path as given, or ``<folder>/<name>.npz``; an error when absent."""
+    if not isinstance(path_or_name, (str, os.PathLike)) or not str(path_or_name):
+        raise FeddrKitError(f"path_or_name: must be a file name such as 'cifar10_shard_s2' or a path to an "
+                            f".npz, got {path_or_name!r}")
+    text = str(path_or_name)
+    if text.endswith(".npz") or "/" in text or os.sep in text:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise FeddrKitError(f"path_or_name: no reference partition file at {path}")
+        return path
+    folder = reference_folder(reference_dir)
+    path = folder / f"{text}.npz"
+    if not path.is_file():
+        names = sorted(p.name.removesuffix(".npz") for p in folder.glob("*.npz")) if folder.is_dir() else []
+        known = f"available: {', '.join(names)}" if names else f"set {REFERENCE_ENV} to the folder holding them"
+        raise FeddrKitError(f"path_or_name: no reference partition {text!r} in {folder}; {known}")
+    return path
+
+
+def _read_reference(path: Path, name: str) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """Per-client train and test index arrays of a reference ``.npz`` (test: None when it has none)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise FeddrKitError(f"path_or_name: {path} is not a readable .npz partition file ({reason})") from None
+    clients: dict[str, dict[int, np.ndarray]] = {"train": {}, "test": {}}
+    for key, arr in arrays.items():
+        match = _REFERENCE_KEY.match(key)
+        if match is None:
+            raise FeddrKitError(f"path_or_name: {path} holds an array {key!r}; only train_<k> and test_<k> are allowed")
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise FeddrKitError(f"path_or_name: {path}: {key} must be a 1-D integer array, got dtype {arr.dtype} "
+                                f"and shape {arr.shape}")
+        clients[match.group(1)][int(match.group(2))] = arr.astype(np.int64)
+    num_clients = len(clients["train"])
+    if num_clients == 0 or set(clients["train"]) != set(range(num_clients)):
+        missing = sorted(set(range(max(clients["train"], default=-1) + 1)) - set(clients["train"]))
+        raise FeddrKitError(f"path_or_name: {path}: client keys must be train_0..train_<K-1> without gaps; "
+                            f"missing {', '.join(f'train_{k}' for k in missing[:5]) or 'all of them'}")
+    train_idx = [clients["train"][k] for k in range(num_clients)]
+    if not clients["test"]:
+        return train_idx, None
+    if set(clients["test"]) != set(range(num_clients)):
+        raise FeddrKitError(f"path_or_name: {path}: has test sets for {len(clients['test'])} of its "
+                            f"{num_clients} clients; a file holds test_<k> for every client or for none")
+    return train_idx, [clients["test"][k] for k in range(num_clients)]
+
+
+def _check_reference_range(indices: np.ndarray, n: int, name: str, split: str, arg: str) -> None:
+    if len(indices) and (indices.min() < 0 or indices.max() >= n):
+        bad = int(indices.min()) if indices.min() < 0 else int(indices.max())
+        raise FeddrKitError(f"{arg}: has {n} labels but {name} uses {split} index {bad}; pass the labels of "
+                            f"the whole {split} split it was made for")
 
 
 # --------------------------------------------------------------------------------------

@@ -292,7 +292,7 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     from . import probes as probes_mod
     from .algorithms import ClientContext, get_algorithm
     from .config import Config
-    from .federated import local_steps, probe_view, sample_clients, train_client
+    from .federated import local_steps, probe_set, probe_view, sample_clients, train_client
 
     runs = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
     device = next(global_model.parameters()).device
@@ -301,14 +301,14 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     if clients is None:
         clients = sample_clients(seed, round, partition.num_clients, clients_per_round)
     mean_size = len(data.train_y) // partition.num_clients
-    pidx = probes_mod.probe_indices(data.test_y, probe_samples, seed).to(device)
-    px, py = data.test_x[pidx], data.test_y[pidx]
+    px, py = probe_set(data, probe_samples, seed, global_model)
     global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
     teacher = copy.deepcopy(global_model).eval().requires_grad_(False)
     rows = []
     for label, name in runs.items():
         cfg = Config(algorithm=name, local_epochs=local_epochs, seed=seed, beta=beta, progress=False,
-                     lr=(lr or {}).get(name), partition=partition.kind)
+                     lr=(lr or {}).get(name), partition=partition.kind,
+                     reference_partition=partition.params["file"] if partition.kind == "reference" else None)
         algo = get_algorithm(cfg)
         lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
         model = copy.deepcopy(global_model)
@@ -318,6 +318,8 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
         except RuntimeError as err:
             raise FeddrKitError(f"{name} changes the architecture, so it cannot start from this global model") from err
         model.head.weight.requires_grad_(not algo.head_frozen)
+        if model.head.bias is not None:
+            model.head.bias.requires_grad_(not algo.head_frozen)
         g_view = probe_view(teacher, algo, data, px, py)
         for k in [int(c) for c in clients]:
             model.load_state_dict(global_state)

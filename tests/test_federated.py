@@ -66,10 +66,15 @@ def test_frozen_heads_are_bit_identical_after_training(synthetic, algorithm):
     cfg = fk.Config(algorithm=algorithm, **SMALL)
     result = fk.run(cfg, data=synthetic)
     torch.manual_seed(cfg.seed)
-    fresh = fk.models.build_model("cnn", synthetic.num_classes)
-    fk.algorithms.get_algorithm(cfg).setup(fresh, cfg.seed)
+    algo = fk.algorithms.get_algorithm(cfg)
+    fresh = fk.models.build_model("cnn", synthetic.num_classes, head_bias=algo.head_bias)
+    algo.setup(fresh, cfg.seed)
     assert torch.equal(result.model.head.weight, fresh.head.weight)
     assert not result.model.head.weight.requires_grad
+    if algorithm == "fedbabu":  # its head bias is frozen too (the reference's); dr/feddr+ heads have none
+        assert torch.equal(result.model.head.bias, fresh.head.bias) and not result.model.head.bias.requires_grad
+    else:
+        assert result.model.head.bias is None
 
 
 def test_fedavg_head_trains(synthetic):
