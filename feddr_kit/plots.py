@@ -20,15 +20,18 @@ from .errors import FeddrKitError
 
 
 def partition_heatmap(partition, split: str = "train", ax=None, max_clients: int = 100,
-                      title: str | None = None):
+                      title: str | None = None, class_names=None):
     """Heatmap of a ``Partition``'s samples per client (rows) and class (columns).
 
     Takes a ``feddr_kit.partition.Partition``, the split ("train" or "test") and shows the
-    first ``max_clients`` clients. Returns the ``matplotlib.axes.Axes`` drawn into.
+    first ``max_clients`` clients; ``class_names`` (one per class, e.g. ``data.classes``) label the
+    columns instead of the class indices. Returns the ``matplotlib.axes.Axes`` drawn into.
     """
     if not isinstance(max_clients, int) or isinstance(max_clients, bool) or max_clients < 1:
         raise FeddrKitError(f"max_clients: must be an integer >= 1, got {max_clients!r}")
     counts = partition.counts(split)[:max_clients]
+    if class_names is not None and len(class_names) != counts.shape[1]:
+        raise FeddrKitError(f"class_names: expected {counts.shape[1]} names (one per class), got {len(class_names)}")
     if ax is None:
         height = min(2.0 + 0.12 * counts.shape[0], 14.0)
         width = min(3.0 + 0.35 * counts.shape[1], 16.0)
@@ -36,7 +39,8 @@ def partition_heatmap(partition, split: str = "train", ax=None, max_clients: int
     small = counts.size <= 200  # annotate cells only when the numbers stay readable
     sns.heatmap(counts, ax=ax, cmap="viridis", annot=small, fmt="d",
                 cbar_kws={"label": f"{split} samples"},
-                xticklabels=_tick_step(counts.shape[1]), yticklabels=_tick_step(counts.shape[0]))
+                xticklabels=list(class_names) if class_names is not None else _tick_step(counts.shape[1]),
+                yticklabels=_tick_step(counts.shape[0]))
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     if title is None:
