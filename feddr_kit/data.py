@@ -97,7 +97,7 @@ class ImageData:
         _check_batch(x_uint8, "x_uint8")
         mean = self.mean.to(x_uint8.device)[:, None, None]
         std = self.std.to(x_uint8.device)[:, None, None]
-        return x_uint8.float().div_(255.0).sub_(mean).div_(std)
+        return x_uint8.to(torch.get_default_dtype()).div_(255.0).sub_(mean).div_(std)
 
     def augment(self, x_uint8: torch.Tensor,
                 generator: torch.Generator | None = None) -> torch.Tensor:
