@@ -20,6 +20,7 @@ The batched engine reads the losses back once per round.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from typing import Iterator
 
@@ -93,6 +94,8 @@ def _load(model: Net, state: dict[str, torch.Tensor]) -> None:
 
 
 def _serial(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Iterator[float]:
+    if cfg.precision != "fp32":
+        raise FeddrKitError(f"precision={cfg.precision!r} needs engine='batched' (the serial engine runs in fp32)")
     for idx, ctx in zip(client_idx, ctxs):
         _load(model, ctx.global_state)
         yield fed.train_client(model, teacher, algo, data, idx, ctx, cfg, device)
@@ -119,8 +122,6 @@ def check_batchable(model: Net, algo: Algorithm, cfg: Config) -> None:
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
             raise FeddrKitError(f"engine='batched': {name} is a BatchNorm with running statistics, which the "
                                 "clients would share; use track_running_stats=False or engine='serial'")
-    if cfg.precision == "bf16":
-        raise FeddrKitError("precision='bf16' is not implemented yet; use precision='fp32'")
 
 
 @torch.no_grad()
@@ -163,13 +164,30 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
     batches = [fed.local_batches(idx, cfg, c.num_steps, g) for idx, c, g in zip(client_idx, ctxs, gens)]
     counts = torch.stack([c.class_counts for c in ctxs])
     step_module = _ClientLoss(model)
+    # bf16: forward/backward on bf16 copies of the fp32 weights (cast by hand: autocast fails under
+    # vmap); the casts are differentiable, so the gradients and the SGD update stay fp32.
+    low = torch.bfloat16 if cfg.precision == "bf16" else None
+    shared = {}  # frozen parameters and buffers, the same for every client
+    if low is not None:
+        shared = {f"model.{n}": t.to(low) for n, t in [*live.items(), *model.named_buffers()]
+                  if n not in names and t.is_floating_point()}
+        teacher = copy.deepcopy(teacher).to(low) if algo.needs_teacher else teacher
 
     def one_client(params, x, y, class_counts):
         ctx = ClientContext(client=-1, round=ctxs[0].round, lr=lr, num_samples=-1, num_steps=-1,
                             class_counts=class_counts, global_state=global_state)
-        return functional_call(step_module, params, (teacher, algo, x, y, ctx))
+        if low is not None:
+            params, x = {n: p.to(low) for n, p in params.items()}, x.to(low)
+        return functional_call(step_module, {**params, **shared}, (teacher, algo, x, y, ctx))
 
     losses_of = vmap(one_client)
+    on_device: dict[tuple, torch.Tensor] = {}  # row selections and masks, copied to the device once each
+
+    def device_tensor(values: tuple) -> torch.Tensor:
+        if values not in on_device:
+            on_device[values] = torch.tensor(values, device=device)
+        return on_device[values]
+
     totals = torch.zeros(m, device=device)
     steps = [0] * m
     while True:
@@ -193,7 +211,7 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
             if len(rows) == m:
                 params, sel = stacks, None
             else:
-                sel = torch.tensor(rows, device=device)
+                sel = device_tensor(tuple(rows))
                 params = [s[sel] for s in stacks]
             loss = losses_of({f"model.{n}": p for n, p in zip(names, params)}, x, y,
                              counts if sel is None else counts[sel])
@@ -205,7 +223,7 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
         grads = list(torch.autograd.grad(total, stacks, allow_unused=True, materialize_grads=True))
         active = [i in drawn for i in range(m)]
         algo.before_step_batched(dict(zip(names, grads)), ctxs, active)
-        mask = None if all(active) else torch.tensor(active, device=device)
+        mask = None if all(active) else device_tensor(tuple(active))
         sgd_step(stacks, grads, bufs, lr, cfg.momentum, cfg.weight_decay, mask)
 
     means = [t / max(s, 1) for t, s in zip(totals.tolist(), steps)]  # the round's one read-back
