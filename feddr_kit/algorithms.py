@@ -78,6 +78,7 @@ class Algorithm:
         self.regularizer = cfg.regularizer if cfg.regularizer is not None else self.default_regularizer
         self.fixed_head: torch.Tensor | None = None
         self.fixed_bias: torch.Tensor | None = None
+        self.trainable_names: list[str] | None = None  # set by setup(): the parameters the optimizer moves
 
     # ------------------------------------------------------------------ model set-up
     def adapt_model(self, model: Net) -> None:
@@ -106,6 +107,7 @@ class Algorithm:
                     model.head.bias.copy_(heads.random_head_bias(C, d, seed))
                 model.head.bias.requires_grad_(False)
                 self.fixed_bias = model.head.bias.detach().clone()
+        self.trainable_names = [n for n, p in model.named_parameters() if p.requires_grad]
 
     @property
     def head_frozen(self) -> bool:
@@ -119,7 +121,9 @@ class Algorithm:
 
     # ------------------------------------------------------------------ forward and loss
     def logits(self, model: Net, h: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, C]`` from raw features ``h`` ``[B, d]``."""
+        """Logits ``[B, C]`` from raw features ``h`` ``[B, d]`` (cast to the head's dtype, e.g. float32
+        features of a float64 model from ``forward_all``)."""
+        h = h.to(model.head.weight.dtype)
         if self.normalize_features:
             h = F.normalize(h, dim=1, eps=1e-12)
         return model.head(h)
@@ -145,13 +149,22 @@ class Algorithm:
         if r == "ld":
             return losses.logit_distillation(b.z, b.z_g)
         if r == "prox":
-            names = [n for n, p in model.named_parameters() if p.requires_grad]
-            params = [p for p in model.parameters() if p.requires_grad]
-            return losses.prox(params, [ctx.global_state[n] for n in names], self.cfg.mu)
+            # Names fixed at setup: under torch.func (batched engine) the substituted per-client
+            # parameters do not report requires_grad, so it cannot be read here.
+            params = dict(model.named_parameters())
+            names = self.trainable_names or [n for n, p in params.items() if p.requires_grad]
+            return losses.prox([params[n] for n in names], [ctx.global_state[n] for n in names], self.cfg.mu)
         raise FeddrKitError(f"regularizer must be one of none, prox, kd, ntd, ld, fd, got {r!r}")
 
     def loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
-        """``β·L_alg + (1-β)·L_reg`` with a regularizer (the paper's Table 1), else ``L_alg``."""
+        """``β·L_alg + (1-β)·L_reg`` with a regularizer (the paper's Table 1), else ``L_alg``.
+
+        In the batched engine this runs under ``torch.func.vmap``, once per step for all clients:
+        ``model``'s parameters and ``ctx.class_counts`` are then the client's own, ``ctx.global_state``,
+        ``ctx.round`` and ``ctx.lr`` are shared, ``ctx.client``/``num_samples``/``num_steps`` are -1 and
+        ``ctx.extra`` is empty. A loss must not read those, nor ``requires_grad``, nor convert tensors
+        to Python numbers.
+        """
         task = self.task_loss(model, b, ctx)
         if self.regularizer == "none":
             return task
@@ -164,6 +177,19 @@ class Algorithm:
 
     def before_step(self, model: Net, ctx: ClientContext) -> None:
         """Called after ``backward()`` and before ``optimizer.step()`` (e.g. to correct gradients)."""
+
+    def before_step_batched(self, grads: dict[str, torch.Tensor], ctxs: list[ClientContext],
+                            active: list[bool]) -> None:
+        """The batched engine's :meth:`before_step`, for all of a round's clients at once.
+
+        ``grads`` maps each trainable parameter's name to the stacked gradients ``[m, *shape]`` of the
+        round's ``m`` clients (row ``i`` is ``ctxs[i]``'s client), to be changed in place; ``active[i]``
+        says whether client ``i`` takes this step (an inactive client's row is ignored). An algorithm
+        that overrides :meth:`before_step` must override this too, or the batched engine refuses it.
+        """
+        if type(self).before_step is not Algorithm.before_step:
+            raise FeddrKitError(f"algorithm {self.name!r} overrides before_step but not before_step_batched, "
+                                "so engine='batched' cannot run it; use engine='serial'")
 
     def client_end(self, model: Net, ctx: ClientContext) -> dict:
         """Called after local training; returns extra values to upload to the server."""
@@ -345,6 +371,20 @@ class Scaffold(Algorithm):
                 p.grad.zero_()
             p.grad.add_(corr)
         ctx.extra["scaffold_steps"] += 1
+
+    @torch.no_grad()
+    def before_step_batched(self, grads, ctxs, active) -> None:
+        # The corrections c - c_i stacked once per round, cached with the round's first client.
+        cache = ctxs[0].extra
+        if "scaffold_correction_stack" not in cache:
+            cache["scaffold_correction_stack"] = [
+                torch.stack([c.extra["scaffold_correction"][j] for c in ctxs]) for j in range(len(self.names))]
+        for n, corr in zip(self.names, cache["scaffold_correction_stack"]):
+            if self.zero_head_grad and n == "head.weight":
+                grads[n].zero_()
+            grads[n].add_(corr)
+        for c, a in zip(ctxs, active):
+            c.extra["scaffold_steps"] += int(a)
 
     @torch.no_grad()
     def client_end(self, model: Net, ctx: ClientContext) -> dict:

@@ -23,6 +23,8 @@ PARTITIONS = ("shard", "dirichlet", "iid", "reference")
 FEDEXP_STEPS = ("fedexp", "reference")
 REGULARIZERS = ("none", "prox", "kd", "ntd", "ld", "fd")
 DEVICES = ("auto", "cpu", "cuda")
+ENGINES = ("auto", "serial", "batched")
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -59,6 +61,9 @@ class Config:
     probe_samples: int = field(default=500, metadata={"help": "class-balanced test images used by the probes"})
     seed: int = field(default=0, metadata={"help": "seed of model init, client sampling and local batches"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
+    engine: str = field(default="auto", metadata={"help": "serial | batched | auto: how a round's clients train (auto: batched on CUDA, serial on CPU)"})
+    deterministic: bool = field(default=True, metadata={"help": "deterministic kernels: same seed, same history, on CUDA too (False: faster nondeterministic kernels)"})
+    precision: str = field(default="fp32", metadata={"help": "fp32 | bf16: bf16 copies of the fp32 weights for forward/backward (batched engine only)"})
     out_dir: str | None = field(default=None, metadata={"help": "folder for config.json, history.csv, summary.json, checkpoint.pt, owned by one run at a time; left out: nothing is saved"})
     overwrite: bool = field(default=False, metadata={"help": "let a fresh run replace the results already in out_dir (without it, such a run is refused)"})
     checkpoint_every: int = field(default=5, metadata={"help": "rounds between checkpoints when out_dir is set (0: only at the end)"})
@@ -125,6 +130,10 @@ class Config:
         if self.regularizer is not None:
             choice("regularizer", REGULARIZERS)
         choice("device", DEVICES)
+        choice("engine", ENGINES)
+        choice("precision", PRECISIONS)
+        if not isinstance(self.deterministic, bool):
+            raise FeddrKitError(f"deterministic must be True or False, got {self.deterministic!r}")
         path("data_path")
         path("out_dir")
         for name in ("probes", "progress", "overwrite", "spherefed_calibration"):

@@ -94,11 +94,11 @@ class ImageData:
         return dataclasses.replace(self, **moved)
 
     def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
-        """Map uint8 images ``[B,3,H,W]`` to float32 ``(x/255 - mean)/std`` on ``x``'s device."""
+        """Map uint8 images ``[B,3,H,W]`` to ``(x/255 - mean)/std`` in the default dtype (float32) on ``x``'s device."""
         _check_batch(x_uint8, "x_uint8")
         mean = self.mean.to(x_uint8.device)[:, None, None]
         std = self.std.to(x_uint8.device)[:, None, None]
-        return x_uint8.float().div_(255.0).sub_(mean).div_(std)
+        return x_uint8.to(torch.get_default_dtype()).div_(255.0).sub_(mean).div_(std)
 
     def augment(self, x_uint8: torch.Tensor,
                 generator: torch.Generator | None = None) -> torch.Tensor:

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from . import engine as engine_mod
 from . import partition as partition_mod
 from . import probes as probes_mod
 from . import rundir
@@ -270,7 +271,8 @@ class Evaluator:
         _, logits = forward_all(model, algo, self.data, self.data.test_x)
         correct = (logits.argmax(1) == self.data.test_y).float()
         # Each client's local test set is a subset of the test set, so one pass serves all of them.
-        hits = torch.bincount(self.client_of, weights=correct[self.flat_idx], minlength=self.num_clients)
+        # scatter_add_ into a 1-D tensor, not a weighted bincount: it has a deterministic CUDA kernel.
+        hits = correct.new_zeros(self.num_clients).scatter_add_(0, self.client_of, correct[self.flat_idx])
         sizes = torch.bincount(self.client_of, minlength=self.num_clients).clamp(min=1)
         return {"test_acc": float(correct.mean()), "local_test_acc": float((hits / sizes).mean())}
 
@@ -312,23 +314,22 @@ def run(
     cfg = (cfg or Config()).replace(**overrides) if overrides else (cfg or Config())
     if cfg.regularizer is None:  # record the regularizer actually used (fd for feddr+), never None
         cfg = cfg.replace(regularizer=ALGORITHMS[cfg.algorithm].default_regularizer)
-    if not cfg.out_dir:
-        if resume:
-            raise FeddrKitError("resume=True needs out_dir: the folder holding checkpoint.pt")
-        return _run(cfg, None, None, data, partition, callback)
-    with rundir.claim(Path(cfg.out_dir), resume=resume, overwrite=cfg.overwrite) as out_dir:
-        checkpoint = read_checkpoint(out_dir, cfg) if resume else None
-        return _run(cfg, out_dir, checkpoint, data, partition, callback)
-
-
-def _run(cfg: Config, out_dir: Path | None, checkpoint: dict | None, data: ImageData | None,
-         partition: Partition | None, callback: Callable[[dict], None] | None) -> Result:
-    """:func:`run` once ``out_dir`` (or None) is owned and, when resuming, its ``checkpoint`` read."""
+    if resume and not cfg.out_dir:
+        raise FeddrKitError("resume=True needs out_dir: the folder holding checkpoint.pt")
     device = resolve_device(cfg.device)
-    if device.type == "cuda":  # TF32 matmuls/convolutions: float32 results up to noise, much faster
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
+    with engine_mod.kernel_settings(cfg.deterministic, device):
+        if not cfg.out_dir:
+            return _run(cfg, device, None, None, data, partition, callback)
+        with rundir.claim(Path(cfg.out_dir), resume=resume, overwrite=cfg.overwrite) as out_dir:
+            checkpoint = read_checkpoint(out_dir, cfg) if resume else None
+            return _run(cfg, device, out_dir, checkpoint, data, partition, callback)
+
+
+def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: dict | None, data: ImageData | None,
+         partition: Partition | None, callback: Callable[[dict], None] | None) -> Result:
+    """:func:`run` under its kernel settings, once ``out_dir`` (or None) is owned and, when resuming,
+    its ``checkpoint`` read."""
+    engine = engine_mod.resolve_engine(cfg.engine, device)
 
     data = (data or load_data(cfg)).to(device)
     part = partition if partition is not None else make_partition(cfg, data)
@@ -345,8 +346,7 @@ def _run(cfg: Config, out_dir: Path | None, checkpoint: dict | None, data: Image
     algo.adapt_model(teacher)  # same architecture as the global model (FedETF's projection)
     teacher.eval().requires_grad_(False)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    local_state = model.state_dict()  # views of the live parameters: copy_ into them to load
-    local_list = list(local_state.values())
+    local_state = model.state_dict()  # views of the live parameters
 
     start, rows, round_seconds = 0, [], []
     if checkpoint is not None:
@@ -377,14 +377,15 @@ def _run(cfg: Config, out_dir: Path | None, checkpoint: dict | None, data: Image
         average = {k: torch.zeros_like(v) for k, v in global_state.items() if v.is_floating_point()}
         average_list = list(average.values())
         averaged_local = [local_state[n] for n in average]  # live views: they hold each client's weights in turn
-        global_list = [global_state[n] for n in local_state]
+        ctxs = [ClientContext(client=k, round=t, lr=lr, num_samples=len(part.train_indices[k]),
+                              num_steps=local_steps(len(part.train_indices[k]), cfg, mean_size),
+                              class_counts=counts[k], global_state=global_state) for k in clients.tolist()]
+        trained = engine_mod.train_round(engine, model, teacher, algo, data, [client_idx[c.client] for c in ctxs],
+                                         ctxs, cfg, device)
         uploads, losses_, probe_rows = [], [], []
-        for k, w in zip(clients.tolist(), weights):
-            torch._foreach_copy_(local_list, global_list)
-            ctx = ClientContext(client=k, round=t, lr=lr, num_samples=len(part.train_indices[k]),
-                                num_steps=local_steps(len(part.train_indices[k]), cfg, mean_size),
-                                class_counts=counts[k], global_state=global_state)
-            losses_.append(train_client(model, teacher, algo, data, client_idx[k], ctx, cfg, device))
+        for ctx, w, loss in zip(ctxs, weights, trained):  # model now holds client ctx.client's final state
+            k = ctx.client
+            losses_.append(loss)
             uploads.append(algo.client_end(model, ctx))
             torch._foreach_add_(average_list, averaged_local, alpha=w)
             if probing:
@@ -422,13 +423,12 @@ def _run(cfg: Config, out_dir: Path | None, checkpoint: dict | None, data: Image
     return Result(cfg, history, summary, model, algo, part, data, out_dir)
 
 
-def local_step(model: Net, teacher: Net | None, algo: Algorithm, opt: torch.optim.Optimizer,
-               x: torch.Tensor, y: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
-    """One local SGD step on a normalized batch ``x`` ``[B,3,H,W]`` with labels ``y`` ``[B]``.
+def client_loss(model: Net, teacher: Net | None, algo: Algorithm, x: torch.Tensor, y: torch.Tensor,
+                ctx: ClientContext) -> torch.Tensor:
+    """The algorithm's loss (a scalar) of ``model`` on a normalized batch ``x`` ``[B,3,H,W]``, labels ``y`` ``[B]``.
 
-    Forward, the teacher's features/logits when the algorithm needs them (``teacher`` holds the
-    round's global model), the algorithm's loss, backward, its gradient hook, the optimizer step.
-    Returns the detached loss (a scalar tensor).
+    Forward, then the teacher's features/logits when the algorithm needs them (``teacher`` holds the
+    round's global model), then ``algo.loss``. Both engines call it (the batched one under vmap).
     """
     h = model.features(x)
     b = Batch(x=x, y=y, h=h, z=algo.logits(model, h))
@@ -436,7 +436,17 @@ def local_step(model: Net, teacher: Net | None, algo: Algorithm, opt: torch.opti
         with torch.no_grad():
             b.h_g = teacher.features(x)
             b.z_g = algo.logits(teacher, b.h_g)
-    loss = algo.loss(model, b, ctx)
+    return algo.loss(model, b, ctx)
+
+
+def local_step(model: Net, teacher: Net | None, algo: Algorithm, opt: torch.optim.Optimizer,
+               x: torch.Tensor, y: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
+    """One local SGD step on a normalized batch ``x`` ``[B,3,H,W]`` with labels ``y`` ``[B]``.
+
+    :func:`client_loss`, backward, the algorithm's gradient hook, the optimizer step.
+    Returns the detached loss (a scalar tensor).
+    """
+    loss = client_loss(model, teacher, algo, x, y, ctx)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     algo.before_step(model, ctx)
@@ -464,12 +474,17 @@ def train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx
         total += local_step(model, teacher, algo, opt, data.train_batch(batch_idx, gen), data.train_y[batch_idx], ctx)
         steps += 1
     mean_loss = float(total) / max(steps, 1)
+    check_local_loss(mean_loss, ctx)
+    return mean_loss
+
+
+def check_local_loss(mean_loss: float, ctx: ClientContext) -> None:
+    """Raise ``FloatingPointError`` when a client's mean local loss is not finite."""
     if not math.isfinite(mean_loss):
         raise DivergedError(
             f"round {ctx.round + 1}, client {ctx.client}: the local loss became {mean_loss} at lr={ctx.lr:g}; "
             "try a smaller learning rate (the last good checkpoint in out_dir is kept: resume from it with a smaller lr)"
         )
-    return mean_loss
 
 
 def probe_set(data: ImageData, num_samples: int, seed: int, model: Net) -> tuple[torch.Tensor, torch.Tensor]:

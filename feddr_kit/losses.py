@@ -69,15 +69,16 @@ def kd(logits: torch.Tensor, teacher_logits: torch.Tensor, tau: float = 1.0) -> 
     """
     log_p = F.log_softmax(logits / tau, dim=1)
     q = F.softmax(teacher_logits / tau, dim=1)
-    return tau**2 * F.kl_div(log_p, q, reduction="batchmean")
+    # F.kl_div's pointwise terms, written out: kl_div has no torch.func batching rule.
+    return tau**2 * (torch.xlogy(q, q) - q * log_p).sum() / logits.shape[0]
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Drop each sample's true-class logit: ``[B, C]`` → ``[B, C-1]``, other classes in their order."""
-    B, C = logits.shape
-    keep = torch.ones_like(logits, dtype=torch.bool)
-    keep[torch.arange(B, device=logits.device), y] = False
-    return logits[keep].view(B, C - 1)
+    # A gather, not a boolean mask, so the shape is static (torch.func.vmap in the batched engine).
+    C = logits.shape[1]
+    others = torch.arange(C - 1, device=logits.device)
+    return logits.gather(1, others + (others >= y[:, None]))
 
 
 def ntd(logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor, tau: float = 1.0) -> torch.Tensor:

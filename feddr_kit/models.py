@@ -77,6 +77,17 @@ def _vgg11() -> tuple[nn.Module, int]:
     return body, 512
 
 
+class GlobalAvgPool(nn.Module):
+    """Mean over the spatial dimensions: ``[B, C, H, W]`` → ``[B, C]``.
+
+    Same function as ``AdaptiveAvgPool2d(1)`` + ``Flatten``, whose CUDA backward has no deterministic
+    kernel (it raises under ``torch.use_deterministic_algorithms``); a mean's backward is deterministic.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
+
+
 def _bn(channels: int) -> nn.BatchNorm2d:
     # No running statistics: batch statistics at train AND eval, nothing to aggregate (spec §0).
     return nn.BatchNorm2d(channels, track_running_stats=False)
@@ -95,7 +106,7 @@ def _mobilenet() -> tuple[nn.Module, int]:
             nn.Conv2d(channels, out, 1, bias=False), _bn(out), nn.ReLU(inplace=True),
         ]
         channels = out
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    layers.append(GlobalAvgPool())
     return nn.Sequential(*layers), 1024
 
 

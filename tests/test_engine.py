@@ -1,0 +1,267 @@
+"""The batched engine equals the serial loop; SGD on stacks equals torch.optim.SGD; runs are reproducible.
+
+Equivalence is checked per parameter tensor as ``‖a - b‖ / ‖a‖ ≤ 1e-5`` after one round. The cnn runs
+in float32. MobileNet's batch-statistics BatchNorm on 8×8 images and batches of a few images is
+ill-conditioned (a 1×1 feature map normalised over 2–4 values), so float32 reassociation alone moves
+its outputs by ~1e-3; its cases run in float64, where the two engines agree to ~1e-12.
+"""
+import numpy as np
+import pytest
+import torch
+
+import feddr_kit as fk
+from feddr_kit import engine
+from feddr_kit.algorithms import Algorithm, ClientContext, get_algorithm
+from feddr_kit.errors import FeddrKitError
+from feddr_kit.federated import local_steps, make_partition, sample_clients
+
+ALGORITHMS = fk.algorithms.algorithm_names()
+# 10 clients of a 200-image set, 3 per round, batches of 8: shard clients have 20 images (two full
+# batches and a short one of 4 per epoch); Dirichlet(0.3) clients range from 1 to ~60 images.
+BASE = dict(dataset="synthetic", num_clients=10, clients_per_round=3, local_epochs=1, batch_size=8,
+            progress=False, eval_every=1, lr=0.05)
+SETTINGS = {"shard": dict(partition="shard"), "dirichlet": dict(partition="dirichlet", alpha=0.3)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: a second thread only adds synchronisation (and spinning on a busy machine)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return fk.data.synthetic(num_classes=10, train_per_class=20, test_per_class=10)
+
+
+@pytest.fixture(scope="module")
+def tiny_images():
+    """8×8 images for MobileNet on CPU (its four stride-2 stages end at 1×1)."""
+    return fk.data.synthetic(num_classes=10, train_per_class=6, test_per_class=4, image_size=8)
+
+
+@pytest.fixture
+def float64():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def both_engines(data, **kw) -> tuple[fk.federated.Result, fk.federated.Result]:
+    cfg = fk.Config(**{**BASE, **kw})
+    return fk.run(cfg, data=data, engine="serial"), fk.run(cfg, data=data, engine="batched")
+
+
+def worst_relative_error(a: dict, b: dict) -> float:
+    """max over tensors of ‖a - b‖ / ‖a‖ (0 for two zero tensors)."""
+    return max(float((a[n].double() - b[n].double()).norm() / a[n].double().norm().clamp(min=1e-300)) for n in a)
+
+
+def assert_same_round(serial, batched, tol=1e-5):
+    assert worst_relative_error(serial.model.state_dict(), batched.model.state_dict()) <= tol
+    loss_s, loss_b = serial.history["train_loss"].to_numpy(), batched.history["train_loss"].to_numpy()
+    np.testing.assert_allclose(loss_b, loss_s, rtol=tol)
+
+
+# --------------------------------------------------------------------------- SGD on stacks
+@pytest.mark.parametrize("momentum,weight_decay", [(0.9, 1e-2), (0.0, 0.0), (0.5, 0.0)])
+def test_sgd_step_equals_torch_sgd_per_client(momentum, weight_decay):
+    """Three clients, one stops after 2 steps and one after 3: masked stack SGD = torch.optim.SGD per client."""
+    gen = torch.Generator().manual_seed(0)
+    m, shapes, lr = 3, [(4, 5), (7,)], 0.1
+    stacks = [torch.randn(m, *s, generator=gen) for s in shapes]
+    clients = [[s[i].clone().requires_grad_() for s in stacks] for i in range(m)]
+    opts = [torch.optim.SGD(p, lr=lr, momentum=momentum, weight_decay=weight_decay) for p in clients]
+    bufs = [torch.zeros_like(s) for s in stacks]
+    last_step = [4, 2, 3]
+    for step in range(4):
+        grads = [torch.randn(m, *s, generator=gen) for s in shapes]
+        active = torch.tensor([step < k for k in last_step])
+        engine.sgd_step(stacks, grads, bufs, lr, momentum, weight_decay, None if active.all() else active)
+        for i in range(m):
+            if active[i]:
+                for p, g in zip(clients[i], grads):
+                    p.grad = g[i].clone()
+                opts[i].step()
+    for i in range(m):
+        for s, p in zip(stacks, clients[i]):
+            torch.testing.assert_close(s[i], p.detach(), rtol=1e-6, atol=0)
+
+
+# --------------------------------------------------------------------------- engine equivalence
+@pytest.mark.parametrize("partition", list(SETTINGS))
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_batched_equals_serial_cnn(data, algorithm, partition):
+    assert_same_round(*both_engines(data, algorithm=algorithm, rounds=1, **SETTINGS[partition]))
+    serial, batched = both_engines(data, algorithm=algorithm, rounds=3, eval_every=3, **SETTINGS[partition])
+    assert abs(serial.summary["final_acc"] - batched.summary["final_acc"]) <= 0.01
+
+
+# MobileNet in float64 costs ~2 s a run on CPU: every algorithm on shards, and on Dirichlet the ones
+# whose batched path differs per client beyond the shared loop (teacher, class counts, control variates).
+MOBILENET_CASES = [(a, "shard") for a in ALGORITHMS] + [(a, "dirichlet") for a in ("feddr+", "fedntd", "fedetf", "scaffold")]
+
+
+@pytest.mark.parametrize("algorithm,partition", MOBILENET_CASES)
+def test_batched_equals_serial_mobilenet(tiny_images, float64, algorithm, partition):
+    """One round in float64: parameters to 1e-5 (they agree to ~1e-7), the same test accuracy.
+
+    At this scale (8×8 images, so 1×1 maps in the last stages, batches of 4) batch-statistics
+    BatchNorm amplifies rounding ~1e9-fold: in float32 the engines differ by ~0.5 relative after
+    one round, in float64 by ~1e-7. It also makes three rounds chaotic, so the three-round
+    accuracy comparison is made on the cnn.
+    """
+    # 60 images, 5 clients: shard clients have 12 (batches of 4); Dirichlet(5) clients 10 or more.
+    kw = dict(SETTINGS[partition], model="mobilenet", batch_size=4, lr=0.01, num_clients=5, clients_per_round=2)
+    if partition == "dirichlet":
+        kw.update(alpha=5.0)
+    serial, batched = both_engines(tiny_images, algorithm=algorithm, rounds=1, **kw)
+    assert_same_round(serial, batched)
+    assert serial.summary["final_acc"] == batched.summary["final_acc"]
+
+
+@pytest.mark.parametrize("regularizer", ["prox", "kd", "ntd", "ld", "fd"])
+def test_batched_equals_serial_with_regularizer(data, regularizer):
+    assert_same_round(*both_engines(data, algorithm="fedavg", regularizer=regularizer, rounds=1, mu=0.1,
+                                    **SETTINGS["dirichlet"]))
+
+
+def test_scaffold_control_variates_match_over_rounds(data, float64):
+    """SCAFFOLD's c and c_i after three rounds (the correction is non-zero from round 2 on).
+
+    In float64: c_i = (x - y)/(K_eff·η) is a difference of two nearby weights, so its relative
+    rounding error in float32 is ‖x‖/‖x - y‖ times the weights' (measured 1.7e-5)."""
+    serial, batched = both_engines(data, algorithm="scaffold", rounds=3, **SETTINGS["shard"])
+    a, b = serial.algorithm, batched.algorithm
+    assert worst_relative_error(a.c, b.c) <= 1e-5 and any(v.abs().sum() > 0 for v in a.c.values())
+    assert a.c_clients.keys() == b.c_clients.keys()
+    for k in a.c_clients:
+        assert worst_relative_error(a.c_clients[k], b.c_clients[k]) <= 1e-5
+
+
+def round_pieces(data, cfg):
+    """What run() sets up for round 0: model, teacher, algorithm, the clients' indices and contexts."""
+    part = make_partition(cfg, data)
+    torch.manual_seed(cfg.seed)
+    algo = get_algorithm(cfg)
+    model = fk.models.build_model(cfg.model, data.num_classes)
+    algo.setup(model, cfg.seed)
+    teacher = fk.models.build_model(cfg.model, data.num_classes)
+    algo.adapt_model(teacher)
+    teacher.load_state_dict(model.state_dict())
+    teacher.eval().requires_grad_(False)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    counts = torch.from_numpy(part.counts("train")).float()
+    mean_size = len(data.train_y) // cfg.num_clients
+    clients = sample_clients(cfg.seed, 0, cfg.num_clients, cfg.clients_per_round).tolist()
+    idx = [torch.from_numpy(part.train_indices[k].astype(np.int64)) for k in clients]
+    ctxs = [ClientContext(client=k, round=0, lr=cfg.lr, num_samples=len(i), num_steps=local_steps(len(i), cfg, mean_size),
+                          class_counts=counts[k], global_state=state) for k, i in zip(clients, idx)]
+    return model, teacher, algo, idx, ctxs
+
+
+RAGGED = {  # shard: 30 clients of 6-8 images, batches of 3 (short last batches, 2 or 3 steps an epoch);
+    # Dirichlet: clients of 10 to ~50 images, batches of 16 (clients smaller than a batch)
+    "shard": dict(partition="shard", num_clients=30, batch_size=3),
+    "dirichlet": dict(partition="dirichlet", num_clients=10, batch_size=16, alpha=0.3),
+}
+
+
+@pytest.mark.parametrize("partition", list(RAGGED))
+def test_ragged_batches_give_the_serial_losses(data, partition):
+    """Per-client losses and states with short last batches, clients smaller than a batch, unequal step counts."""
+    cfg = fk.Config(**dict(BASE, algorithm="feddr+", clients_per_round=6, local_epochs=2, **RAGGED[partition]))
+    outputs = {}
+    for name in ("serial", "batched"):
+        model, teacher, algo, idx, ctxs = round_pieces(data, cfg)
+        outputs[name] = [(loss, {k: v.clone() for k, v in model.state_dict().items()})
+                         for loss in engine.train_round(name, model, teacher, algo, data, idx, ctxs, cfg, torch.device("cpu"))]
+    sizes = [len(i) for i in idx]
+    if partition == "shard":  # the test needs raggedness: short last batches and unequal step counts
+        assert any(n % cfg.batch_size for n in sizes) and len({c.num_steps for c in ctxs}) > 1
+    else:
+        assert min(sizes) < cfg.batch_size < max(sizes)
+    for (loss_s, state_s), (loss_b, state_b) in zip(outputs["serial"], outputs["batched"]):
+        assert loss_b == pytest.approx(loss_s, rel=1e-6)
+        assert worst_relative_error(state_s, state_b) <= 1e-5
+
+
+# --------------------------------------------------------------------------- errors and settings
+def test_unvectorised_hook_is_refused(data):
+    class GradientClip(Algorithm):
+        name = "clip"
+
+        def before_step(self, model, ctx):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+    cfg = fk.Config(**BASE)
+    model = fk.models.build_model("cnn", 10)
+    with pytest.raises(FeddrKitError, match="before_step_batched"):
+        engine.check_batchable(model, GradientClip(cfg), cfg)
+    engine.check_batchable(model, get_algorithm(cfg.replace(algorithm="scaffold")), cfg)  # has its batched hook
+
+
+def test_batchnorm_running_statistics_are_refused():
+    cfg = fk.Config(**BASE)
+    model = fk.models.build_model("cnn", 10)
+    model.body.insert(1, torch.nn.BatchNorm2d(16))
+    with pytest.raises(FeddrKitError, match="running statistics"):
+        engine.check_batchable(model, get_algorithm(cfg), cfg)
+
+
+@pytest.mark.parametrize("field,value", [("engine", "fast"), ("precision", "fp16"), ("deterministic", "yes")])
+def test_config_rejects_bad_engine_settings(field, value):
+    with pytest.raises(FeddrKitError, match=field):
+        fk.Config(**{field: value})
+
+
+def test_auto_engine_is_serial_on_cpu_and_batched_on_cuda():
+    assert engine.resolve_engine("auto", torch.device("cpu")) == "serial"
+    assert engine.resolve_engine("auto", torch.device("cuda")) == "batched"
+    assert engine.resolve_engine("batched", torch.device("cpu")) == "batched"
+
+
+@pytest.mark.parametrize("engine_name", ["serial", "batched"])
+def test_deterministic_run_is_reproducible_and_restores_the_setting(data, engine_name):
+    seen = []
+    cfg = fk.Config(**{**BASE, "algorithm": "fedetf", "rounds": 2, "engine": engine_name, "deterministic": True,
+                       **SETTINGS["dirichlet"]})
+    before = torch.are_deterministic_algorithms_enabled()
+    a = fk.run(cfg, data=data, callback=lambda row: seen.append(torch.are_deterministic_algorithms_enabled()))
+    b = fk.run(cfg, data=data)
+    assert seen == [True, True] and torch.are_deterministic_algorithms_enabled() == before
+    assert a.history.drop(columns="seconds").equals(b.history.drop(columns="seconds"))
+    for n, t in a.model.state_dict().items():
+        assert torch.equal(t, b.model.state_dict()[n]), n
+    seen.clear()
+    fk.run(cfg.replace(deterministic=False, rounds=1), data=data,
+           callback=lambda row: seen.append(torch.are_deterministic_algorithms_enabled()))
+    assert seen == [False]
+
+
+@pytest.mark.parametrize("algorithm", ["feddr+", "fedetf"])
+def test_bf16_round_stays_close_to_fp32(data, algorithm):
+    """bf16 copies of fp32 weights: the round's update (new global minus initial) stays near fp32's.
+
+    bf16 keeps 8 significant bits (0.4 % per rounding), compounded over layers and steps: the
+    updates differ by ~7 % (measured); the bound of 15 % is loose on purpose, while a wrong path
+    (a teacher or counts that are not the client's, an update lost in bf16) is off by O(1)."""
+    cfg = fk.Config(**{**BASE, "algorithm": algorithm, "rounds": 1, "engine": "batched", **SETTINGS["dirichlet"]})
+    initial = round_pieces(data, cfg)[0].state_dict()
+    fp32 = fk.run(cfg, data=data).model.state_dict()
+    bf16 = fk.run(cfg, data=data, precision="bf16").model.state_dict()
+    assert all(t.dtype == torch.float32 for t in bf16.values())  # the master weights stay fp32
+    moved = [n for n in fp32 if not torch.equal(fp32[n], initial[n])]
+    assert moved
+    update_fp32 = {n: fp32[n] - initial[n] for n in moved}
+    update_bf16 = {n: bf16[n] - initial[n] for n in moved}
+    assert 0 < worst_relative_error(update_fp32, update_bf16) <= 0.15
+
+
+def test_bf16_needs_the_batched_engine(data):
+    with pytest.raises(FeddrKitError, match="batched"):
+        fk.run(fk.Config(**{**BASE, "rounds": 1}), data=data, engine="serial", precision="bf16")
