@@ -187,6 +187,22 @@ def test_balanced_softmax_adds_log_counts_by_hand():
     assert losses.balanced_softmax(z, y, counts).item() == pytest.approx(expected, rel=1e-12)
 
 
+def test_mse_to_onehot_by_hand_when_the_last_class_is_absent():
+    z = torch.tensor([[1.0, 0.0, 2.0], [0.5, 0.5, 0.0]], dtype=torch.float64)
+    y = torch.tensor([0, 1])  # the one-hot targets still have 3 columns
+    expected = ((1 - 1) ** 2 + 0 ** 2 + 2 ** 2 + 0.5 ** 2 + (0.5 - 1) ** 2 + 0 ** 2) / 6
+    assert losses.mse_to_onehot(z, y).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_distillation_temperature_defaults_to_one():
+    g = torch.Generator().manual_seed(0)
+    z, zg = torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 3, 1])
+    assert losses.kd(z, zg).item() == pytest.approx(losses.kd(z, zg, 1.0).item(), rel=1e-12)
+    assert losses.ntd(z, zg, y).item() == pytest.approx(losses.ntd(z, zg, y, 1.0).item(), rel=1e-12)
+    assert losses.kd(z, zg, 2.0).item() != pytest.approx(losses.kd(z, zg).item())
+
+
 def test_not_true_logits_keeps_the_other_classes_in_order():
     z = torch.tensor([[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]])
     assert torch.equal(losses.not_true_logits(z, torch.tensor([2, 0])), torch.tensor([[0.0, 1.0, 3.0], [5.0, 6.0, 7.0]]))
@@ -226,7 +242,17 @@ def test_every_head_checks_its_arguments(build):
         build(3.0, 16)
     with pytest.raises(FeddrKitError, match="dim must be a positive integer"):
         build(3, 0)
+    with pytest.raises(FeddrKitError, match="dim must be a positive integer"):
+        build(3, 16.0)
     assert build(2, 2).shape == (2, 2)  # the smallest valid sizes
+
+
+@pytest.mark.parametrize("build", [heads.simplex_etf, heads.orthonormal_head, heads.random_head])
+def test_every_head_is_float32_and_seed_zero_by_default(build):
+    W = build(4, 6)
+    assert W.dtype == torch.float32 and W.shape == (4, 6) and W.is_contiguous()
+    assert torch.equal(W, build(4, 6, seed=0)) and torch.equal(W, build(4, 6, 0))
+    assert torch.equal(build(4, 6, seed=np.int64(2)), build(4, 6, seed=2))  # any integer-like seed
 
 
 def test_orthonormal_head_is_square_at_dim_equal_classes_and_seeded():
