@@ -5,6 +5,7 @@ closed form evaluated with plain Python floats, or a second path through the kit
 loop, the optimizer's own arithmetic replayed on recorded gradients). Short runs on the synthetic
 set observe the round loop through small spies on its hooks; nothing here changes library code.
 """
+import copy
 import dataclasses
 import math
 
@@ -101,8 +102,7 @@ def tiny_model_and_batch(algorithm: str, regularizer: str):
     torch.manual_seed(0)
     model = Net(nn.Linear(4, 3, bias=False), 3, 3).double()
     algo.setup(model, 0)
-    teacher = Net(nn.Linear(4, 3, bias=False), 3, 3).double()
-    teacher.load_state_dict(model.state_dict())
+    teacher = copy.deepcopy(model)  # the same architecture, whatever setup() did to the head
     with torch.no_grad():
         for p in trainable(teacher):
             p.add_(0.5 * torch.randn_like(p))
@@ -351,6 +351,25 @@ def test_probe_view_takes_argmax_and_cosine_to_the_own_head_row():
     assert torch.equal(v.pred, torch.tensor([1, 0, 2]))
     assert torch.allclose(v.align, torch.tensor([0.8, -0.8, 1 / math.sqrt(2)]))
     assert v.h is h
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.1, 1e-9])
+def test_cosines_do_not_depend_on_the_feature_scale(scale):
+    # Alignment, cos_to_class and the feature angle are cosines: small features (ReLU outputs early in
+    # training) must give the same values as large ones, down to norms far below 1.
+    head = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-0.6, 0.8]], dtype=torch.float64)
+    h = scale * torch.tensor([[3.0, 4.0], [0.0, -2.0], [1.0, 1.0]], dtype=torch.float64)
+    y = torch.tensor([1, 2, 0])
+    expected = torch.tensor([0.8, -0.8, 1 / math.sqrt(2)], dtype=torch.float64)
+    assert torch.allclose(losses.cosine_to_class(h, head, y), expected)
+    assert torch.allclose(probes.view(h, torch.zeros(3, 3), head, y).align, expected)
+    other = scale * torch.tensor([[3.0, 0.0], [0.0, 1.0], [-1.0, 1.0]], dtype=torch.float64)
+    local = probes.ModelView(h=h, pred=torch.zeros(3, dtype=torch.long), align=torch.zeros(3))
+    glob = probes.ModelView(h=other, pred=torch.zeros(3, dtype=torch.long), align=torch.zeros(3))
+    out = probes.compare(local, glob, y, torch.tensor([True, False, True]))
+    # observed classes 0, 2: samples 1 (180°) and 2 (90°); unobserved class 1: sample 0 (53.13°)
+    assert out["feat_angle_obs"] == pytest.approx((180 + 90) / 2, abs=1e-6)
+    assert out["feat_angle_unobs"] == pytest.approx(math.degrees(math.acos(0.6)), abs=1e-6)
 
 
 def test_probe_set_is_class_balanced_and_seeded():
