@@ -255,11 +255,24 @@ def test_every_head_is_float32_and_seed_zero_by_default(build):
     assert torch.equal(build(4, 6, seed=np.int64(2)), build(4, 6, seed=2))  # any integer-like seed
 
 
+def test_simplex_etf_error_says_which_dim_is_needed_and_why():
+    with pytest.raises(FeddrKitError) as info:
+        heads.simplex_etf(10, 8)
+    assert str(info.value) == (
+        "dim must be >= num_classes - 1 = 9 for a simplex ETF of 10 classes, got dim=8: the ETF's Gram matrix "
+        "has rank C-1, so it cannot live in fewer dimensions (add a projection layer to at least C-1 dimensions "
+        "instead)")
+
+
 def test_orthonormal_head_is_square_at_dim_equal_classes_and_seeded():
     W = heads.orthonormal_head(5, 5, seed=1).double()
     assert torch.allclose(W @ W.T, torch.eye(5, dtype=torch.float64), atol=1e-6)
     assert torch.equal(heads.orthonormal_head(5, 9, seed=2), heads.orthonormal_head(5, 9, seed=2))
     assert not torch.equal(heads.orthonormal_head(5, 9, seed=2), heads.orthonormal_head(5, 9, seed=3))
+    # Built in float64, then rounded: orthonormal to float32 rounding (~1e-8), not to float32 QR's ~3e-7.
+    for seed in range(3):
+        W = heads.orthonormal_head(10, 512, seed=seed).double()
+        assert (W @ W.T - torch.eye(10, dtype=torch.float64)).abs().max() < 1e-7
 
 
 def assert_uniform(values: torch.Tensor, low: float, high: float) -> None:
