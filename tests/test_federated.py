@@ -8,11 +8,23 @@ import pytest
 import torch
 
 import feddr_kit as fk
+from feddr_kit import federated
+from feddr_kit.algorithms import Batch, ClientContext, get_algorithm
 from feddr_kit.errors import FeddrKitError
 from feddr_kit.federated import lr_at, sample_clients
+from feddr_kit.models import Net
 
 SMALL = dict(dataset="synthetic", num_clients=10, clients_per_round=3, rounds=4, local_epochs=1,
              progress=False, checkpoint_every=1, eval_every=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The cores are shared with other jobs; oversubscribed OpenMP threads make these tiny models much slower.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +107,20 @@ def test_dr_head_is_a_simplex_etf(synthetic):
 
 
 def test_feddr_plus_is_dr_with_feature_distillation(synthetic):
+    # The loss on a hand-made batch: head rows at 90°, 210°, 330° (a simplex ETF of 3 classes in 2-D),
+    # h = [(0, 2), (1, 0)] with labels [0, 2] -> cosines 1 and √3/2, so L_DR = ½·½(√3/2 - 1)²;
+    # h_g = [(0, 1), (1, 1)] -> L_FD = mean of (0, 1, 0, 1)² = ½; FedDr+ = 0.9·L_DR + 0.1·L_FD.
+    algo = get_algorithm(fk.Config(algorithm="feddr+"))
+    model = Net(torch.nn.Identity(), 2, 3)
+    with torch.no_grad():
+        model.head.weight.copy_(torch.tensor([[0.0, 1.0], [-math.sqrt(3) / 2, -0.5], [math.sqrt(3) / 2, -0.5]]))
+    h, y = torch.tensor([[0.0, 2.0], [1.0, 0.0]]), torch.tensor([0, 2])
+    b = Batch(x=h, y=y, h=h, z=algo.logits(model, h), h_g=torch.tensor([[0.0, 1.0], [1.0, 1.0]]))
+    ctx = ClientContext(client=0, round=0, lr=0.1, num_samples=2, num_steps=1, class_counts=torch.ones(3),
+                        global_state={})
+    dr, fd = 0.5 * 0.5 * (math.sqrt(3) / 2 - 1) ** 2, 0.5
+    assert algo.loss(model, b, ctx).item() == pytest.approx(0.9 * dr + 0.1 * fd, rel=1e-6)
+    # and a whole run of feddr+ is dr with regularizer fd, which differs from dr alone
     a = fk.run(fk.Config(algorithm="feddr+", **SMALL), data=synthetic)
     b = fk.run(fk.Config(algorithm="dr", regularizer="fd", **SMALL), data=synthetic)
     c = fk.run(fk.Config(algorithm="dr", **SMALL), data=synthetic)
@@ -102,10 +128,28 @@ def test_feddr_plus_is_dr_with_feature_distillation(synthetic):
     assert not deterministic_columns(a.history).equals(deterministic_columns(c.history))
 
 
-def test_all_algorithms_share_the_client_stream():
+def test_all_algorithms_share_the_client_stream(synthetic, monkeypatch):
+    trained: list[tuple[int, int]] = []  # (round, client) of every local training, in order
+    train_client = federated.train_client
+
+    def spy(model, teacher, algo, data, idx, ctx, cfg, device):
+        trained.append((ctx.round, ctx.client))
+        return train_client(model, teacher, algo, data, idx, ctx, cfg, device)
+
+    monkeypatch.setattr(federated, "train_client", spy)
+    streams = {}
+    for i, algorithm in enumerate(["fedavg", "feddr+", "fedetf"]):
+        np.random.seed(100 + i)  # the global RNGs must not matter
+        torch.manual_seed(100 + i)
+        trained.clear()
+        fk.run(fk.Config(algorithm=algorithm, **{**SMALL, "rounds": 3, "checkpoint_every": 0}), data=synthetic)
+        streams[algorithm] = list(trained)
+    assert streams["fedavg"] == streams["feddr+"] == streams["fedetf"]
+    expected = [(t, int(k)) for t in range(3) for k in sample_clients(0, t, 10, 3)]
+    assert streams["fedavg"] == expected
     rounds = [sample_clients(0, t, 100, 10) for t in range(5)]
-    assert all(len(set(r)) == 10 for r in rounds)
-    assert [list(r) for r in rounds] == [list(sample_clients(0, t, 100, 10)) for t in range(5)]
+    assert all(len(set(r)) == 10 and set(r) <= set(range(100)) for r in rounds)
+    assert len({tuple(r) for r in rounds}) == 5  # a new draw every round
     assert list(sample_clients(0, 0, 100, 10)) != list(sample_clients(1, 0, 100, 10))
 
 
@@ -117,17 +161,33 @@ def test_lr_schedule_decays_at_half_and_three_quarters():
 
 
 def test_outputs_and_history_columns(synthetic, tmp_path):
-    result = fk.run(fk.Config(algorithm="feddr+", probes=True, out_dir=str(tmp_path), **SMALL), data=synthetic)
+    result = fk.run(fk.Config(algorithm="feddr+", lr=0.04, probes=True, out_dir=str(tmp_path), **SMALL),
+                    data=synthetic)
     for name in ("config.json", "history.csv", "summary.json", "checkpoint.pt"):
         assert (tmp_path / name).exists(), name
     hist = pd.read_csv(tmp_path / "history.csv")
     for col in ["round", "lr", "test_acc", "local_test_acc", "train_loss", "seconds"] + fk.probes.PROBE_COLUMNS:
         assert col in hist.columns, col
+    pd.testing.assert_frame_equal(hist, result.history, check_dtype=False, rtol=1e-12)  # the file is the history
+    assert hist["round"].tolist() == [1, 2, 3, 4]
+    assert hist["lr"].tolist() == pytest.approx([0.04, 0.04, 0.004, 0.0004])  # milestones int(0.5·4), int(0.75·4)
+    for col in ("test_acc", "local_test_acc", "acc_obs", "global_acc_obs", "acc_unobs", "global_acc_unobs"):
+        assert hist[col].between(0, 1).all(), col
+    assert hist["feat_angle_obs"].between(0, 180).all() and (hist["feat_dist_obs"] >= 0).all()
+    assert hist["align_obs"].between(-1, 1).all() and np.isfinite(hist["train_loss"]).all()
     summary = json.loads((tmp_path / "summary.json").read_text())
-    for key in ("final_acc", "best_acc", "last5_acc", "sec_per_round", "rounds", "algorithm", "seed"):
-        assert key in summary, key
-    assert summary["best_acc"] >= summary["final_acc"]
+    acc = hist["test_acc"]
+    assert summary["final_acc"] == pytest.approx(acc.iloc[-1])
+    assert summary["best_acc"] == pytest.approx(acc.max())
+    assert summary["last5_acc"] == pytest.approx(acc.tail(5).mean())
+    assert summary["final_local_acc"] == pytest.approx(hist["local_test_acc"].iloc[-1])
+    assert summary["rounds"] == 4 and summary["algorithm"] == "feddr+" and summary["seed"] == 0
+    assert summary["sec_per_round"] > 0
     assert fk.Config.from_dict(json.loads((tmp_path / "config.json").read_text())) == result.config
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert ckpt["next_round"] == 4
+    for name, t in result.model.state_dict().items():  # the checkpoint holds the reported model
+        assert torch.equal(ckpt["global_state"][name], t), name
     assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave no temp files
 
 

@@ -80,13 +80,17 @@ def test_pull_plus_push_equals_autograd(B, C, d, seed):
 
 
 def test_dot_regression_gradient_has_no_push():
-    # The DR gradient w.r.t. ĥ is (cos - 1) v_y: it lies along the own class vector only.
+    # Autograd through losses.dot_regression on RAW features h: with ĥ = h/‖h‖ and cos = ⟨ĥ, v_y⟩,
+    # ∂/∂h [½(cos - 1)²]/B = (cos - 1)/(B‖h‖) · (v_y - cos·ĥ). It lies in the plane of ĥ and the own
+    # class vector v_y: no other class vector pushes, unlike cross-entropy's gradient.
     torch.manual_seed(1)
-    V = heads.simplex_etf(4, 6)
-    hn = F.normalize(torch.randn(5, 6), dim=1).requires_grad_(True)
-    y = torch.randint(0, 4, (5,))
-    losses.dot_regression(hn, V, y)  # smoke: raw input accepted
-    loss = 0.5 * ((hn * V[y]).sum(1) - 1).pow(2).sum()
-    loss.backward()
-    cos = (hn * V[y]).sum(1).detach()
-    assert torch.allclose(hn.grad, (cos - 1)[:, None] * V[y], atol=1e-6)
+    V = heads.simplex_etf(4, 6).double()
+    h = (3.0 * torch.randn(5, 6, dtype=torch.float64)).requires_grad_(True)
+    y = torch.tensor([0, 1, 2, 3, 1])
+    losses.dot_regression(h, V, y).backward()
+    hd = h.detach()
+    norm = hd.norm(dim=1, keepdim=True)
+    cos = ((hd / norm) * V[y]).sum(1, keepdim=True)
+    expected = (cos - 1) / (len(y) * norm) * (V[y] - cos * hd / norm)
+    assert torch.allclose(h.grad, expected, atol=1e-12)
+    assert h.grad.abs().max() > 1e-3  # not trivially zero
