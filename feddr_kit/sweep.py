@@ -272,7 +272,11 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
             tqdm.write(line)
         bar.update(1)
     bar.close()
-    df = collect(root)
+    return _in_grid_order(collect(root), names)
+
+
+def _in_grid_order(df: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
+    """The rows of ``df`` whose ``name`` is one of ``names`` (this grid's runs), in that order."""
     if df.empty:
         return df
     order = {n: i for i, n in enumerate(names)}
@@ -439,12 +443,7 @@ def run_notebook_grid(notebook: str | Path, grid: Mapping[str, Sequence], seeds:
             tqdm.write(line)
         bar.update(1)
     bar.close()
-    df = collect_notebooks(root)
-    if df.empty:
-        return df
-    order = {n: i for i, n in enumerate(names)}
-    df = df[df["name"].isin(order)]
-    return df.sort_values("name", key=lambda s: s.map(order)).reset_index(drop=True)
+    return _in_grid_order(collect_notebooks(root), names)
 
 
 def collect_notebooks(root: str | Path) -> pd.DataFrame:

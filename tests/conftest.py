@@ -30,3 +30,26 @@ def cifar10():
     from feddr_kit import data
 
     return data.load("cifar10")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny-model tests (``pytestmark = pytest.mark.usefixtures("one_thread")``).
+
+    Their tensors are too small to split; a second OpenMP thread only adds synchronisation, and on a
+    busy machine its spinning makes them many times slower. The previous setting is restored.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def synthetic():
+    """The kit's default synthetic dataset (``fk.data.load("synthetic")``: 10 classes, 32x32, NOT real data)."""
+    from feddr_kit import data
+
+    return data.load("synthetic")

@@ -28,19 +28,7 @@ TINY = dict(dataset="synthetic", num_clients=10, clients_per_round=2, rounds=2, 
             eval_every=1, progress=False)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The two cores are shared with other jobs; with oversubscribed OpenMP threads these tiny
-    # models run ~20x slower than on one thread.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def synthetic():
-    return fk.data.load("synthetic")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def linear_net(dim: int = 3, classes: int = 2) -> Net:

@@ -23,13 +23,7 @@ BASE = dict(dataset="synthetic", num_clients=10, clients_per_round=3, local_epoc
 SETTINGS = {"shard": dict(partition="shard"), "dirichlet": dict(partition="dirichlet", alpha=0.3)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: a second thread only adds synchronisation (and spinning on a busy machine)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

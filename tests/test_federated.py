@@ -18,18 +18,7 @@ SMALL = dict(dataset="synthetic", num_clients=10, clients_per_round=3, rounds=4,
              progress=False, checkpoint_every=1, eval_every=1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The cores are shared with other jobs; oversubscribed OpenMP threads make these tiny models much slower.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def synthetic():
-    return fk.data.load("synthetic")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def deterministic_columns(history: pd.DataFrame) -> pd.DataFrame:

@@ -35,18 +35,7 @@ CE_METHODS = ["fedavg", "scaffold", "fedntd", "fedexp"]
 GEOMETRIC = ["dr", "feddr+", "spherefed", "fedetf"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The cores are shared with other jobs; oversubscribed OpenMP threads make tiny models ~20x slower.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def synthetic():
-    return fk.data.load("synthetic")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # =========================================================================== 1. evaluation order

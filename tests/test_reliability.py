@@ -82,11 +82,6 @@ def copy_of_done2(done2, tmp_path) -> Path:
     return tmp_path / "run"
 
 
-@pytest.fixture(scope="module")
-def synthetic():
-    return fk.data.load("synthetic")
-
-
 # --------------------------------------------------------------------------- 1-5: out_dir ownership
 def test_two_runs_into_one_folder_one_is_refused_and_the_other_is_intact(tmp_path):
     a = start("--rounds", "4", "--out-dir", "x", "--seed", "1", cwd=tmp_path)

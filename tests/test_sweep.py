@@ -20,13 +20,7 @@ BASE = dict(dataset="synthetic", num_clients=10, clients_per_round=2, rounds=2, 
             eval_every=1, checkpoint_every=1, lr=0.05)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one torch thread is far faster than two on a shared CPU; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
