@@ -50,6 +50,12 @@ BOOKKEEPING = frozenset({"out_dir", "progress", "overwrite", "device", "checkpoi
 MAX_NAME = 120
 DONE, PARTIAL, FAILED = "done", "partial", "failed"
 
+# The results chapters' scale (05-08): the teaching setting (real CIFAR-10, 100 clients, cnn) with a
+# twentieth of its local work, so a 100-run grid fits about an hour of 2 CPU cores. 20 rounds of 5
+# clients for 1 epoch: each run sees 100 client visits, about 1,000 SGD steps (25-50 s on one core).
+SWEEP_SCALE: dict[str, Any] = {"dataset": "cifar10", "model": "cnn", "num_clients": 100, "rounds": 20,
+                               "clients_per_round": 5, "local_epochs": 1, "eval_every": 5}
+
 
 # --------------------------------------------------------------------------- grids and names
 def _field_defaults() -> dict[str, Any]:
@@ -330,6 +336,22 @@ def collect(root: str | Path) -> pd.DataFrame:
             row["error"] = (folder / ERROR).read_text().strip()
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def histories(root: str | Path) -> pd.DataFrame:
+    """Every finished run's ``history.csv`` under ``root``, stacked: one row per run and evaluated
+    round, with the run's folder in ``name`` (join with :func:`collect` on it). Returns a DataFrame
+    (empty when no run has finished)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FeddrKitError(f"root must be an existing folder, got {root}")
+    frames = [pd.read_csv(folder / HISTORY).assign(name=folder.name)
+              for folder in sorted(p for p in root.iterdir() if p.is_dir())
+              if _status(folder) == DONE and (folder / HISTORY).exists()]
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    return df[["name"] + [c for c in df.columns if c != "name"]]
 
 
 def _as_list(x: str | Sequence[str] | None) -> list[str]:
