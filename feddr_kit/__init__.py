@@ -4,10 +4,27 @@
     data = fk.data.load("cifar10")
     result = fk.run(fk.Config(algorithm="feddr+", rounds=30))
 """
-from . import errors, data, partition, heads, losses, models, algorithms, engine, probes, plots, teaching, stats, sweep
+import importlib
+
+from . import errors, data, partition, heads, losses, models, algorithms, engine, probes, sweep
 from .config import Config
 from .errors import FeddrKitError
 from .federated import Result, run
+
+# Imported on first use (fk.plots, fk.stats, ...): matplotlib, seaborn and scipy take seconds to
+# load, which every command-line run and test subprocess would otherwise pay without using them.
+_LAZY = ("plots", "teaching", "stats")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = ["Config", "Result", "run", "FeddrKitError", "data", "partition", "heads", "losses", "models",
            "algorithms", "engine", "probes", "plots", "teaching", "stats", "sweep", "errors"]
