@@ -434,14 +434,24 @@ def fields_from_name(name: str) -> dict[str, Any]:
     return out
 
 
-def read_results(path: str | Path, fields: Sequence[str] = ()) -> pd.DataFrame:
+RESULT_COLUMNS = ("setting", "seed", "final_acc", "best_acc", "last5_acc", "final_local_acc", "sec_per_round",
+                  "total_seconds", "name", "machine")
+
+
+def read_results(path: str | Path, fields: Sequence[str] = (), missing_ok: bool = False) -> pd.DataFrame:
     """A results CSV (``results/<chapter>.csv``, one row per finished run) with the columns ``fields``
     present. The results scripts keep only the config fields that vary, so a partial sweep in which
     one grid field has a single value so far lacks that column; it is filled from the run names
-    (grid fields are always in the name). Raises ``FeddrKitError`` when the file is missing or a
-    field is neither a column nor in every run's name. Returns the DataFrame."""
+    (grid fields are always in the name). A missing file raises ``FeddrKitError``, or with
+    ``missing_ok`` gives an empty frame with the columns ``fields`` and :data:`RESULT_COLUMNS` (a
+    sweep not collected yet). Raises ``FeddrKitError`` when a field is neither a column nor in every
+    run's name. Returns the DataFrame."""
     path = Path(path)
     if not path.is_file():
+        if missing_ok:
+            text = {"setting", "name", "machine"}
+            return pd.DataFrame({c: pd.Series(dtype=object if c in text or c in fields else float)
+                                 for c in dict.fromkeys([*fields, *RESULT_COLUMNS])})
         raise FeddrKitError(f"path must be an existing results CSV, got {path}")
     df = pd.read_csv(path)
     for f in fields:

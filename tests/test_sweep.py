@@ -275,6 +275,8 @@ def test_read_results_fills_grid_fields_from_the_run_names(tmp_path):
         sweep.read_results(csv, ["regularizer"])
     with pytest.raises(FeddrKitError, match="existing results CSV"):
         sweep.read_results(tmp_path / "missing.csv")
+    empty = sweep.read_results(tmp_path / "missing.csv", ["algorithm", "seed"], missing_ok=True)  # not collected yet
+    assert empty.empty and {"algorithm", "seed", "setting", "final_acc", "name"} <= set(empty.columns)
 
 
 def test_interval_table_and_paired_difference_are_t_intervals_over_seeds():
