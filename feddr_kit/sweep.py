@@ -13,6 +13,11 @@ sweep that is killed and started again finds its folders: finished runs (``summa
 skipped, interrupted ones (``checkpoint.pt`` without ``summary.json``) continue with the kit's
 exact resume, and the rest start fresh. ``root/sweep.json`` records the base, grid and seeds.
 
+Reading results with intervals (the chapters 05-07 way): :func:`read_results` loads a results CSV,
+:func:`intervals` / :func:`interval_table` give mean ± 95 % t interval over seeds (``"45.1 ± 3.0 (n=3)"``,
+``"—"`` for a missing cell), and :func:`paired_difference` the interval of a difference paired by seed,
+ready for ``fk.stats.verdict``.
+
 The same folders-and-skip scheme runs a notebook once per grid point under papermill
 (:func:`run_notebook_grid`), collecting each point's ``results.json`` (:func:`collect_notebooks`).
 
