@@ -2,7 +2,7 @@
 # Re-execute the chapter notebooks in place with their default parameters, so that the stored
 # outputs are exactly what the code produces. From the repository root:
 #
-#     bash notebooks/run_all.sh                       # every chapter, 00 to 04 (about 5 min on 2 idle CPU cores)
+#     bash notebooks/run_all.sh                       # every chapter, 00 to 07 (about 10 min on 2 idle CPU cores)
 #     bash notebooks/run_all.sh 03_dr_forgets_unseen.ipynb   # just one
 #
 # Uses .venv/bin/python unless PYTHON is set; FEDDR_DATA_DIR defaults to ../shared/data when that

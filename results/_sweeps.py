@@ -63,9 +63,9 @@ def write_csvs(chapter: str, root: Path, settings: Mapping[str, Mapping[str, Any
         if not folder.is_dir():
             continue
         df = fk.sweep.collect(folder)
-        if df.empty:
+        df = df[df["status"] == "done"] if not df.empty else df
+        if df.empty:  # nothing finished yet in this setting (its first runs may be under way)
             continue
-        df = df[df["status"] == "done"]
         frames.append(df.assign(setting=name))
         h = fk.sweep.histories(folder)
         if not h.empty:

@@ -20,7 +20,8 @@ from feddr_kit.errors import FeddrKitError
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-TRAINING = {"00_quickstart", "03_dr_forgets_unseen", "04_feature_distillation"}
+TRAINING = {"00_quickstart", "03_dr_forgets_unseen", "04_feature_distillation",
+            "05_nine_algorithms", "06_regularizer_synergy", "07_sensitivity"}  # 05-07 train their live slice
 ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")  # memory addresses in reprs
 OBJECT_REPR = re.compile(r"<(Axes|Figure|matplotlib|mpl_toolkits)")  # a plotting call without its `;`
 TIMING = re.compile(r"\d+(\.\d+)?\s*(it/s|s/it)|\d+:\d\d<")  # tqdm progress bars
@@ -48,7 +49,7 @@ def _texts(cell):
 def test_chapters_exist():
     names = [p.stem for p in CHAPTERS]
     for stem in ("00_quickstart", "01_ce_pull_push", "02_simplex_etf", "03_dr_forgets_unseen",
-                 "04_feature_distillation"):
+                 "04_feature_distillation", "05_nine_algorithms", "06_regularizer_synergy", "07_sensitivity"):
         assert stem in names
 
 
@@ -145,6 +146,23 @@ def test_chapter_04_under_papermill(tmp_path):
     for label, acc in results["results"]["global_acc"].items():
         assert 0.0 <= acc["final_acc"] <= 1.0, label
     assert {c["claim"] for c in results["results"]["claims"]} >= {"DR global accuracy below FedDr+'s (final)"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
+@pytest.mark.parametrize("chapter, slice_size", [("05_nine_algorithms", 2), ("06_regularizer_synergy", 2),
+                                                 ("07_sensitivity", 4)])
+def test_results_chapters_under_papermill(chapter, slice_size, tmp_path):
+    """Slow (20-60 s each on 2 CPU cores): a results chapter with a 1-round live slice writes results.json
+    with its claims (one verdict each) and the slice's runs, whatever the state of its committed CSV."""
+    results = _papermill_results(chapter, {"smoke_rounds": 1}, tmp_path)
+    assert results["config"]["parameters"]["smoke_rounds"] == 1 and results["config"]["parameters"]["rerun"] is False
+    body = results["results"]
+    assert body["runs_finished"] <= body["runs_expected"]
+    assert body["claims"] and all(c["verdict"] in ("held", "tie (within the interval)", "did not hold", "untestable here")
+                                  for c in body["claims"])
+    assert len(body["slice"]) == slice_size and all(0.0 <= r["final_acc"] <= 1.0 for r in body["slice"])
+    assert (tmp_path / "out").is_dir() and any((tmp_path / "out").glob("slice_*/*/summary.json"))
 
 
 def test_binder_requirements_match_the_pins():

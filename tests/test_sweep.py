@@ -243,3 +243,115 @@ def test_notebook_grid_runs_each_point_once_and_collects_results(tmp_path):
     pd.testing.assert_frame_equal(df, again)
     collected = sweep.collect_notebooks(root)  # folder order; same rows
     pd.testing.assert_frame_equal(collected.set_index("name").loc[df["name"]].reset_index(), df)
+
+
+# --------------------------------------------------------------------------- histories, results CSVs, intervals
+def test_histories_stacks_every_finished_run_and_leaves_out_the_rest(tmp_path, tiny):
+    sweep.run(BASE, {"algorithm": ["fedavg", "dr"]}, [0], tmp_path, data=tiny, progress=False)
+    # a third folder, interrupted: its history.csv exists but the run has no summary.json
+    partial = tmp_path / "algorithm=feddr+__seed=0"
+    partial.mkdir()
+    (tmp_path / "algorithm=dr__seed=0" / "history.csv").replace(partial / "history.csv")
+    (tmp_path / "algorithm=dr__seed=0" / "summary.json").replace(partial / "point.json")  # any started-run marker
+    h = sweep.histories(tmp_path)
+    assert list(h.columns[:2]) == ["name", "round"]
+    assert list(h["name"]) == ["algorithm=fedavg__seed=0"] * 2  # dr lost its summary, feddr+ never had one
+    alone = pd.read_csv(tmp_path / "algorithm=fedavg__seed=0" / "history.csv")
+    pd.testing.assert_frame_equal(h.drop(columns="name"), alone)
+    assert list(h["round"]) == [1, 2]  # BASE: 2 rounds, evaluated every round
+    assert sweep.histories(tmp_path / "algorithm=fedavg__seed=0").empty  # a run folder has no run folders
+    with pytest.raises(FeddrKitError, match="root must be an existing folder"):
+        sweep.histories(tmp_path / "nowhere")
+
+
+def test_read_results_fills_grid_fields_from_the_run_names(tmp_path):
+    csv = tmp_path / "ch.csv"
+    pd.DataFrame({"setting": ["s=2", "s=2"], "seed": [0, 1], "final_acc": [0.3, 0.4],
+                  "name": ["algorithm=feddr+__beta=0.5__seed=0", "algorithm=feddr+__beta=0.5__seed=1"]}).to_csv(csv, index=False)
+    df = sweep.read_results(csv, ["algorithm", "beta", "seed"])
+    assert list(df["algorithm"]) == ["feddr+", "feddr+"] and list(df["beta"]) == [0.5, 0.5]
+    assert sweep.fields_from_name("lr=1e-05__seed=0__0123456789") == {"lr": 1e-05, "seed": 0}
+    with pytest.raises(FeddrKitError, match="'regularizer' is neither a column"):
+        sweep.read_results(csv, ["regularizer"])
+    with pytest.raises(FeddrKitError, match="existing results CSV"):
+        sweep.read_results(tmp_path / "missing.csv")
+    empty = sweep.read_results(tmp_path / "missing.csv", ["algorithm", "seed"], missing_ok=True)  # not collected yet
+    assert empty.empty and {"algorithm", "seed", "setting", "final_acc", "name"} <= set(empty.columns)
+
+
+def test_interval_table_and_paired_difference_are_t_intervals_over_seeds():
+    df = pd.DataFrame({
+        "algorithm": ["a", "a", "a", "b", "b", "b", "a", "b"],
+        "setting": ["x"] * 6 + ["y", "y"],
+        "seed": [0, 1, 2, 2, 0, 1, 0, 5],
+        "final_acc": [0.40, 0.42, 0.44, 0.37, 0.30, 0.32, 0.5, 0.6],
+    })
+    t2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2), from a table: 4.303
+    iv = sweep.intervals(df, ["algorithm", "setting"]).set_index(["algorithm", "setting"])
+    assert iv.loc[("a", "x"), "mean"] == pytest.approx(0.42)
+    assert iv.loc[("a", "x"), "half_width"] == pytest.approx(t2 * 0.02 / 3 ** 0.5)  # sd of (40, 42, 44)% is 2%
+    assert iv.loc[("a", "y"), "n"] == 1 and iv.loc[("a", "y"), "half_width"] == float("inf")
+    table = sweep.interval_table(df, "algorithm", "setting", columns=["x", "y", "z"], index=["a", "b", "c"])
+    assert table.loc["a", "x"] == "42.0 ± 5.0 (n=3)"   # 4.303 * 2 / sqrt(3) = 4.97
+    assert table.loc["a", "y"] == "50.0 (n=1)" and table.loc["a", "z"] == "—" and (table.loc["c"] == "—").all()
+    # paired by seed, whatever the row order: differences a - b = (0.10, 0.10, 0.07) for seeds 0, 1, 2
+    d = sweep.paired_difference(df, {"algorithm": "a", "setting": "x"}, {"algorithm": "b", "setting": "x"})
+    assert d.n == 3 and d.mean == pytest.approx(0.09)
+    assert d.half_width == pytest.approx(t2 * 0.017320508 / 3 ** 0.5, rel=1e-6)  # sd of (10, 10, 7)% is sqrt(3)%
+    # setting y: a has seed 0, b seed 5 -> nothing to pair
+    nothing = sweep.paired_difference(df, {"algorithm": "a", "setting": "y"}, {"algorithm": "b", "setting": "y"})
+    assert nothing.n == 0 and not nothing.testable and fk.stats.verdict(nothing) == fk.stats.UNTESTABLE
+    with pytest.raises(FeddrKitError, match="repeated seeds"):
+        sweep.seed_values(df, {"algorithm": "a"})
+
+
+PAPER_TEX = REPO.parent / "shared" / "paper" / "feddr-plus-paper.tex"
+
+
+@pytest.mark.skipif(not PAPER_TEX.is_file(), reason="the paper's LaTeX source is not beside the repository")
+def test_paper_numbers_match_the_latex_source():
+    """Every number of fk.paper against the rows of the paper's LaTeX tables (read here independently)."""
+    import math
+    import re
+
+    from feddr_kit import paper
+
+    tex = PAPER_TEX.read_text()
+    names = {"FedAvg": "fedavg", "SCAFFOLD": "scaffold", "FedNTD": "fedntd", "FedExP": "fedexp",
+             "FedBABU": "fedbabu", "SphereFed": "spherefed", "FedETF": "fedetf", "\\alg": "feddr+",
+             "Dot-Regression": "dr"}
+    cell = re.compile(r"(\d+\.\d+)\}*\{\\tiny \$\\pm\$ ?(\d+\.\d+)\}|\\textit\{\(Failed\)\}")
+
+    def rows(block: str, width: int) -> dict[str, list]:
+        out = {}
+        for line in re.sub(r"\n\s*&", " &", block).splitlines():  # a row may wrap before its first &
+            label = line.strip().split("~")[0].split(" ")[0]
+            if label in names and "&" in line:
+                cells = [(float(m[1]), float(m[2])) if m[1] else (math.nan, math.nan) for m in cell.finditer(line)]
+                if not cells:
+                    cells = [float(x) for x in re.findall(r"(?<![\d.])(\d+\.\d+)", line.split("&", 1)[1])]
+                assert len(cells) == width, line
+                out[names[label]] = cells
+        return out
+
+    t3 = tex[tex.index("\\label{tab:gfl_acc_all}"):]
+    shard, lda = t3[:t3.index("Partition Strategy: LDA")], t3[t3.index("Partition Strategy: LDA"):t3.index("\\end{tabular}")]
+    want3 = paper.table3()
+    for block, cols in ((shard, ["s=2", "s=5", "s=10"]), (lda, ["α=0.1", "α=0.2", "α=0.3"])):
+        got = rows(block, 7)
+        assert set(got) == set(want3.index.get_level_values(0))
+        for algo, cells in got.items():
+            for (mean, std), col in zip(cells[4:], cols):  # the last three: VGG on CIFAR-10
+                assert want3.loc[(algo, "mean"), col] == pytest.approx(mean, nan_ok=True), (algo, col)
+                assert want3.loc[(algo, "std"), col] == pytest.approx(std, nan_ok=True), (algo, col)
+    t1 = tex[tex.index("\\label{tab:synergy_effect}"):]
+    got1 = rows(t1[:t1.index("\\end{tabular}")], 12)
+    for algo, numbers in got1.items():
+        assert list(paper.table1("s=10").loc[algo]) == numbers[:6], algo
+        assert list(paper.table1("α=0.1").loc[algo]) == numbers[6:], algo
+    assert set(got1) == set(paper.table1().index)
+    t7 = tex[tex.index("\\label{apptab:elapsed_time}"):]
+    header = re.search(r"& FedAvg & (.*?)\\\\", t7)[0]
+    order = [names.get(h.strip().split(" ")[0], h.strip()) for h in header.strip("&\\ ").split("&")]
+    times = [float(x) for x in re.findall(r"(\d+\.\d+)", re.search(r"Elapsed time(.*?)\\\\", t7)[1])]
+    assert dict(zip(order, times)) == paper.table7().to_dict()
