@@ -33,7 +33,9 @@ Needs ``pip install 'feddr_kit[flower]'``; ``import feddr_kit`` never imports th
 """
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -215,6 +217,7 @@ class KitStrategy(Strategy):
         self.plan: fed.RoundPlan | None = None
         self.losses: list[float] = []
         self._t0 = 0.0
+        self.first_round_start: float | None = None  # wall-clock time (time.time()) round 1 began
 
     def discover(self, grid: Grid, timeout: float = 600.0) -> dict[int, int]:
         """Wait for ``num_clients`` nodes, ask each for its partition id (one ``query`` message each) and
@@ -246,6 +249,8 @@ class KitStrategy(Strategy):
                         grid: Grid) -> Iterable[Message]:
         t = server_round - 1
         self._t0 = time.perf_counter()
+        if self.first_round_start is None:
+            self.first_round_start = time.time()
         self.plan = fed.plan_round(self.cfg, self.setup.lr0, t, self.setup.partition)
         broadcast = to_record(self.setup.algo.broadcast())
         return [Message(RecordDict({"global": arrays, "broadcast": broadcast,
@@ -324,7 +329,12 @@ def run_on_grid(grid: Grid, cfg: Config, data: ImageData | None = None, partitio
         strategy.discover(grid, timeout=min(timeout, 600.0))
         strategy.start(grid, to_record(setup.initial_state), num_rounds=cfg.rounds, timeout=timeout,
                        evaluate_fn=strategy.evaluate)
-        return fed.finish_run(setup, strategy.global_state, strategy.rows, strategy.round_seconds, out_dir)
+        result = fed.finish_run(setup, strategy.global_state, strategy.rows, strategy.round_seconds, out_dir)
+    if out_dir is not None:  # for simulate(): when the rounds ran, seen from the ServerApp
+        fed.write_json(out_dir / TIMING, {"first_round_start": strategy.first_round_start,
+                                          "round_seconds": strategy.round_seconds,
+                                          "model_bytes": sum(v.numel() * v.element_size() for v in strategy.global_state.values())})
+    return result
 
 
 server_app = ServerApp()
@@ -408,3 +418,231 @@ def run_in_process(cfg: Config, data: ImageData | None = None, partition: Partit
         _SETUPS.clear()
         _DATA.clear()
 
+
+
+# --------------------------------------------------------------------------- `flwr run` from the command line
+APP_DIR, FLWR_HOME_DIR, TIMING = "flower_app", "flwr_home", "flower_timing.json"
+
+
+def write_app(cfg: Config, app_dir: Path) -> Path:
+    """Write the Flower App's ``pyproject.toml`` into ``app_dir``: ``[tool.flwr.app.components]`` naming
+    ``feddr_kit.flower:server_app`` / ``:client_app`` and ``[tool.flwr.app.config]`` holding the Config
+    fields (:func:`config_to_run_config`). Returns its path."""
+    import tomli_w
+
+    app_dir.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
+        "project": {"name": "feddr-kit-flower", "version": "1.0.0", "license": "MIT",
+                    "description": "feddr_kit's algorithms on Flower (written by python -m feddr_kit flower)",
+                    "dependencies": ["flwr[simulation]==1.42.*", "feddr_kit"]},
+        "tool": {"flwr": {"app": {"publisher": "feddr-kit",
+                                  "components": {"serverapp": "feddr_kit.flower:server_app",
+                                                 "clientapp": "feddr_kit.flower:client_app"},
+                                  "config": config_to_run_config(cfg)}}},
+    }
+    path = app_dir / "pyproject.toml"
+    fed.write_text(path, tomli_w.dumps(doc))
+    return path
+
+
+def write_flwr_home(flwr_home: Path) -> Path:
+    """Write ``FLWR_HOME/config.toml``: one SuperLink connection, ``local``, the managed local SuperLink."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    path = flwr_home / "config.toml"
+    fed.write_text(path, '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
+    return path
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(port: int, proc, timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise FeddrKitError(f"the SuperLink exited with code {proc.returncode} while starting")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise FeddrKitError(f"the SuperLink did not answer within {timeout:.0f} s (a loaded machine: raise --startup-timeout)")
+
+
+def _process_groups_under(pid: int) -> set[int]:
+    """Process groups of ``pid`` and of its children (the SuperLink detaches its SuperExec, which starts
+    the simulation and Ray, into a session of its own)."""
+    import os
+
+    groups = {os.getpgid(pid)}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields_ = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields_[1]) == pid:  # ppid
+            groups.add(int(fields_[2]))  # pgrp
+    return groups
+
+
+def _stop(link) -> None:
+    """Stop the SuperLink ``link`` (a Popen) and every process group it and its children started."""
+    import os
+    import signal
+    import subprocess
+
+    try:
+        groups = _process_groups_under(link.pid)
+    except ProcessLookupError:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in groups:
+            try:
+                os.killpg(g, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            link.wait(20)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:
+            time.sleep(2.0)  # let the SuperExec's group finish its own shutdown, then make sure
+    return
+
+
+def check_outcome(cfg: Config, out_dir: Path) -> dict:
+    """The run's ``summary.json`` once it is complete; a :class:`FeddrKitError` when a result file is
+    missing or the run stopped early (``flwr run --stream`` exits 0 even when the ServerApp crashed)."""
+    missing = [n for n in ("config.json", "history.csv", "summary.json", "checkpoint.pt") if not (out_dir / n).exists()]
+    if missing:
+        raise FeddrKitError(f"the Flower run left no {', '.join(missing)} in {out_dir}: it failed; see the log above "
+                            f"and {out_dir / FLWR_HOME_DIR}/local-superlink/superlink.log")
+    summary = json.loads((out_dir / "summary.json").read_text())
+    if summary.get("rounds") != cfg.rounds:
+        raise FeddrKitError(f"the Flower run stopped at round {summary.get('rounds')} of {cfg.rounds}")
+    return summary
+
+
+def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout: float = 300.0,
+             timeout: float = 3600.0, ray_memory_threshold: float | None = 0.98, stream: bool = True) -> dict:
+    """Run ``cfg`` under ``flwr run`` with the local simulation (Ray) and return its timings.
+
+    Writes the app (:func:`write_app`) and ``FLWR_HOME`` (:func:`write_flwr_home`) under ``cfg.out_dir``,
+    starts a SuperLink of its own on free ports (``FLWR_HOME`` there, runtime dependency installation
+    off, so no second torch is installed), runs ``flwr run APP local --federation-config
+    num-supernodes=N --stream``, stops the SuperLink, and checks the result files (:func:`check_outcome`).
+    ``num_supernodes`` defaults to ``num_clients`` (one node per partition). ``ray_memory_threshold``
+    sets ``RAY_memory_usage_threshold`` (Ray counts other processes' memory too), None leaves it.
+
+    Returns ``{"wall_s", "superlink_start_s", "first_round_start_s", "round_seconds", "summary"}``:
+    wall time of the whole command, the SuperLink's start-up, the time from launch to the ServerApp's
+    first round (SuperLink, app build, Ray and ServerApp start-up) and each round's seconds.
+    """
+    import os
+    import subprocess
+    import sys
+
+    from . import rundir
+
+    check_supported(cfg)
+    if not cfg.out_dir:
+        raise FeddrKitError("out_dir: the flower command needs an out_dir (the app, FLWR_HOME and the results go there)")
+    nodes = num_supernodes or cfg.num_clients
+    if nodes < cfg.num_clients:
+        raise FeddrKitError(f"num_supernodes={nodes}: need one SuperNode per client, at least num_clients={cfg.num_clients}")
+    t_launch = time.time()
+    with rundir.claim(Path(cfg.out_dir), resume=False, overwrite=cfg.overwrite) as out_dir:
+        out_dir = out_dir.resolve()
+        cfg = cfg.replace(out_dir=str(out_dir), progress=False)
+        app = write_app(cfg, out_dir / APP_DIR).parent
+        home = out_dir / FLWR_HOME_DIR
+        write_flwr_home(home)
+        http_port = _free_port()  # one port serves the Runtime, Control and Fleet HTTP APIs
+        env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+               "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # flower-superexec
+        if ray_memory_threshold is not None:
+            env["RAY_memory_usage_threshold"] = str(ray_memory_threshold)
+        bin_dir = Path(sys.executable).parent
+        logs = home / "local-superlink"
+        logs.mkdir(parents=True, exist_ok=True)
+        link_cmd = [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+                    "--disable-runtime-dependency-installation",
+                    "--host", "127.0.0.1", "--port", str(http_port),
+                    "--database", str(logs / "state.db"), "--log-file", str(logs / "superlink.log")]
+        link = subprocess.Popen(link_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)  # its own process group: stopped with all it started
+        try:
+            _wait_healthy(http_port, link, startup_timeout)
+            t_link = time.time()
+            run_cmd = [str(bin_dir / "flwr"), "run", str(app), "local",
+                       "--federation-config", f"num-supernodes={nodes}"] + (["--stream"] if stream else [])
+            done = subprocess.run(run_cmd, env=env, cwd=out_dir, timeout=timeout)
+            if done.returncode != 0:
+                raise FeddrKitError(f"flwr run exited with code {done.returncode}")
+        finally:
+            _stop(link)
+        summary = check_outcome(cfg, out_dir)
+        timing = json.loads((out_dir / TIMING).read_text()) if (out_dir / TIMING).exists() else {}
+    result = {"wall_s": time.time() - t_launch, "superlink_start_s": t_link - t_launch,
+              "first_round_start_s": timing.get("first_round_start", math.nan) - t_launch,
+              "round_seconds": timing.get("round_seconds", []),
+              "model_bytes": timing.get("model_bytes"), "summary": summary}
+    return result
+
+
+# --------------------------------------------------------------------------- chapter 09's figure
+def message_flow_figure(num_shown: int = 2):
+    """A sequence diagram of one run on Flower: who runs which kit function, and what each message
+    carries (matplotlib Figure; ``num_shown`` SuperNodes are drawn)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 6.2))
+    cols = {"server": 0.0, **{f"node{i}": 4.0 + 3.0 * i for i in range(num_shown)}}
+    names = {"server": "ServerApp\n(KitStrategy)", **{f"node{i}": f"SuperNode, partition {i}\n(client_app)"
+                                                      for i in range(num_shown)}}
+    top, bottom = 10.0, 0.2
+    for key, x in cols.items():
+        ax.text(x, top + 0.35, names[key], ha="center", va="bottom", fontsize=10, weight="bold")
+        ax.plot([x, x], [bottom, top], color="0.6", lw=1, ls="--", zorder=0)
+
+    def arrow(y, src, dst, label, color):
+        ax.annotate("", xy=(cols[dst], y), xytext=(cols[src], y),
+                    arrowprops=dict(arrowstyle="->", color=color, lw=1.6))
+        x = (cols[src] + cols[dst]) / 2
+        ax.text(x, y + 0.12, label, ha="center", va="bottom", fontsize=8.5, color=color)
+
+    def note(y, key, text):
+        ax.text(cols[key] + 0.12, y, text, ha="left", va="center", fontsize=8.5, family="monospace",
+                bbox=dict(boxstyle="round,pad=0.25", fc="0.95", ec="0.8"))
+
+    note(9.6, "server", "prepare(cfg)  (same seed, same model)")
+    arrow(9.0, "server", "node0", "query", "tab:gray")
+    arrow(8.6, "node0", "server", "partition-id", "tab:gray")
+    note(8.1, "server", "discover(): partition id -> node id")
+    note(7.4, "server", "plan_round(t): sample_clients(seed, t)")
+    for i in range(num_shown):
+        arrow(6.8 - 0.35 * i, "server", f"node{i}", "train: global state + broadcast (c) + round, lr" if i == 0 else "",
+              "tab:blue")
+    for i in range(num_shown):
+        note(5.6, f"node{i}", "prepare(cfg) once\ntrain_clients([ctx])\nc_i in context.state")
+    for i in range(num_shown):
+        arrow(4.3 - 0.35 * i, f"node{i}", "server", "reply: local state + loss, n + uploads (delta c)" if i == 0 else "",
+              "tab:orange")
+    note(3.2, "server", "accumulate() in sample order\nnext_global_state()")
+    note(2.2, "server", "evaluate_global()  (central test set)\nsave_checkpoint()")
+    ax.text(cols["server"] - 0.3, 0.9, "repeat for every round", fontsize=9, style="italic", color="0.35")
+    ax.set_xlim(-0.8, max(cols.values()) + 2.6)
+    ax.set_ylim(bottom, top + 1.3)
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
