@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     flower.add_argument("--num-supernodes", type=int, default=None, help="simulated SuperNodes (default: num_clients)")
     flower.add_argument("--startup-timeout", type=float, default=300.0, help="seconds the SuperLink may take to start")
     flower.add_argument("--timeout", type=float, default=3600.0, help="seconds `flwr run` may take")
+    flower.add_argument("--ray-num-cpus", type=_optional(int), default=1,
+                        help="CPUs Ray may use, one ClientApp actor each (1: quickest Ray start-up); none: all cores")
     flower.add_argument("--ray-memory-threshold", type=_optional(float), default=0.98,
                         help="RAY_memory_usage_threshold (Ray counts other processes' memory too); none: Ray's default")
     return parser
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 def flower_main(args: dict) -> int:
     """``python -m feddr_kit flower``: :func:`feddr_kit.flower.simulate`; prints the summary and timings."""
     args.pop("command")
-    options = {k: args.pop(k) for k in ("num_supernodes", "startup_timeout", "timeout", "ray_memory_threshold")}
+    options = {k: args.pop(k) for k in ("num_supernodes", "startup_timeout", "timeout", "ray_memory_threshold", "ray_num_cpus")}
     try:
         from . import flower
     except ImportError as err:

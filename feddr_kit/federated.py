@@ -6,6 +6,12 @@ average on the fly, let the algorithm turn it into the next global state, evalua
 checkpoint. The dataset lives on the training device as uint8 tensors; batches are gathered,
 augmented and normalized there. All local randomness is derived from ``(seed, round, client)``,
 so a resumed run replays exactly what an uninterrupted one would have done.
+
+The round is built from pieces that :mod:`feddr_kit.flower` calls too, so a Flower run is this run:
+:func:`prepare` (set-up), :func:`plan_round` (sampling, weights, lr), :func:`client_context` and
+:func:`train_clients` (train from a received global state), :func:`new_average`, :func:`accumulate`
+and :func:`next_global_state` (aggregation), :func:`evaluate_global`, :func:`save_checkpoint` and
+:func:`finish_run`.
 """
 from __future__ import annotations
 

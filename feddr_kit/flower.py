@@ -290,8 +290,8 @@ class KitStrategy(Strategy):
 
     def summary(self) -> None:
         """Flower logs this at the start."""
-        print(f"feddr_kit {self.cfg.algorithm}: {self.cfg.num_clients} clients, {self.cfg.clients_per_round} per round, "
-              f"{self.cfg.rounds} rounds")
+        logging.getLogger("flwr").info("feddr_kit %s: %d clients, %d per round, %d rounds", self.cfg.algorithm,
+                                       self.cfg.num_clients, self.cfg.clients_per_round, self.cfg.rounds)
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         """``evaluate_fn`` of :meth:`Strategy.start`: the kit's evaluation (on evaluated rounds), the round's
@@ -533,7 +533,8 @@ def check_outcome(cfg: Config, out_dir: Path) -> dict:
 
 
 def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout: float = 300.0,
-             timeout: float = 3600.0, ray_memory_threshold: float | None = 0.98, stream: bool = True) -> dict:
+             timeout: float = 3600.0, ray_memory_threshold: float | None = 0.98, ray_num_cpus: int | None = 1,
+             stream: bool = True) -> dict:
     """Run ``cfg`` under ``flwr run`` with the local simulation (Ray) and return its timings.
 
     Writes the app (:func:`write_app`) and ``FLWR_HOME`` (:func:`write_flwr_home`) under ``cfg.out_dir``,
@@ -542,6 +543,9 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
     num-supernodes=N --stream``, stops the SuperLink, and checks the result files (:func:`check_outcome`).
     ``num_supernodes`` defaults to ``num_clients`` (one node per partition). ``ray_memory_threshold``
     sets ``RAY_memory_usage_threshold`` (Ray counts other processes' memory too), None leaves it.
+    ``ray_num_cpus``: the CPUs Ray may use, one per ClientApp actor (default 1: one actor serves every
+    client in turn, and Ray starts one worker instead of one per core, which lets its start-up,
+    limited to a fixed 30 s, pass on a loaded machine); None: Ray's default (all cores, 2 per actor).
 
     Returns ``{"wall_s", "superlink_start_s", "first_round_start_s", "round_seconds", "summary"}``:
     wall time of the whole command, the SuperLink's start-up, the time from launch to the ServerApp's
@@ -568,10 +572,14 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
         write_flwr_home(home)
         http_port = _free_port()  # one port serves the Runtime, Control and Fleet HTTP APIs
         env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-               "FLWR_DISABLE_UPDATE_CHECK": "1", "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
+               "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_USAGE_STATS_ENABLED": "0",
+               "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # flower-superexec
         if ray_memory_threshold is not None:
             env["RAY_memory_usage_threshold"] = str(ray_memory_threshold)
+        # Ray's raylet gives its dashboard agent a few seconds to start; a loaded machine needs more
+        env.setdefault("RAY_agent_register_timeout_ms", str(int(startup_timeout * 1000)))
+        env.setdefault("RAY_raylet_start_wait_time_s", str(int(startup_timeout)))
         bin_dir = Path(sys.executable).parent
         logs = home / "local-superlink"
         logs.mkdir(parents=True, exist_ok=True)
@@ -585,7 +593,9 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
             _wait_healthy(http_port, link, startup_timeout)
             t_link = time.time()
             run_cmd = [str(bin_dir / "flwr"), "run", str(app), "local",
-                       "--federation-config", f"num-supernodes={nodes}"] + (["--stream"] if stream else [])
+                       "--federation-config", f"num-supernodes={nodes}" + (
+                           f" init-args-num-cpus={ray_num_cpus} client-resources-num-cpus=1" if ray_num_cpus else "")
+                       ] + (["--stream"] if stream else [])
             done = subprocess.run(run_cmd, env=env, cwd=out_dir, timeout=timeout)
             if done.returncode != 0:
                 raise FeddrKitError(f"flwr run exited with code {done.returncode}")

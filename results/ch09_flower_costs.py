@@ -68,7 +68,7 @@ def main() -> None:
     inproc = flower.run_in_process(config(args.rounds), data=data)
     inproc_wall = time.time() - t
 
-    for attempt in range(3):  # Ray's start-up has a fixed 30 s limit that a loaded machine can miss
+    for attempt in range(4):  # Ray's start-up has a fixed 30 s limit that a loaded machine can miss
         shutil.rmtree(args.out, ignore_errors=True)
         try:
             sim = flower.simulate(config(args.rounds, args.out))
@@ -76,7 +76,7 @@ def main() -> None:
         except fk.FeddrKitError as err:
             print(f"attempt {attempt + 1}: {err}", file=sys.stderr)
     else:
-        raise SystemExit("the flwr run simulation failed three times")
+        raise SystemExit("the flwr run simulation failed four times")
     sim_history = pd.read_csv(Path(args.out) / "history.csv")
     sim_state = torch.load(Path(args.out) / "checkpoint.pt", weights_only=False)["global_state"]
     kit_history = pd.read_csv(pd.io.common.StringIO(kit.history.to_csv(index=False)))
