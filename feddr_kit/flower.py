@@ -654,5 +654,4 @@ def message_flow_figure(num_shown: int = 2):
     ax.set_xlim(-0.8, max(cols.values()) + 2.6)
     ax.set_ylim(bottom, top + 1.3)
     ax.axis("off")
-    fig.tight_layout()
     return fig
