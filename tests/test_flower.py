@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -18,6 +17,10 @@ import pytest
 import torch
 
 pytest.importorskip("flwr")
+try:
+    import tomllib
+except ImportError:  # Python 3.10: flwr brings tomli
+    import tomli as tomllib
 
 import feddr_kit as fk  # noqa: E402
 from feddr_kit import flower  # noqa: E402
