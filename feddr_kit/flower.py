@@ -552,8 +552,10 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
     first round (SuperLink, app build, Ray and ServerApp start-up) and each round's seconds.
     """
     import os
+    import signal
     import subprocess
     import sys
+    import threading
 
     from . import rundir
 
@@ -589,6 +591,9 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
                     "--database", str(logs / "state.db"), "--log-file", str(logs / "superlink.log")]
         link = subprocess.Popen(link_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)  # its own process group: stopped with all it started
+        previous = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread():  # a SIGTERM still stops the SuperLink
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             _wait_healthy(http_port, link, startup_timeout)
             t_link = time.time()
@@ -601,6 +606,8 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
                 raise FeddrKitError(f"flwr run exited with code {done.returncode}")
         finally:
             _stop(link)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
         summary = check_outcome(cfg, out_dir)
         timing = json.loads((out_dir / TIMING).read_text()) if (out_dir / TIMING).exists() else {}
     result = {"wall_s": time.time() - t_launch, "superlink_start_s": t_link - t_launch,

@@ -164,10 +164,16 @@ def test_real_flwr_run_simulation_equals_fk_run(synthetic, tmp_path):
             "--shards-per-client", "5", "--rounds", "2", "--local-epochs", "1", "--eval-every", "1", "--lr-gamma", "1",
             "--engine", "serial", "--device", "cpu", "--out-dir", str(tmp_path / "flower")]
     start = time.time()
-    done = subprocess.run([sys.executable, "-m", "feddr_kit", "flower", *args], cwd=REPO, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "-m", "feddr_kit", "flower", *args], cwd=REPO, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the command stops its SuperLink and Ray before exiting
+        out, _ = proc.communicate(timeout=120)
+        pytest.fail(f"python -m feddr_kit flower took over 600 s: {out[-2000:]}")
+    assert proc.returncode == 0, out[-4000:]
     assert time.time() - start < 600
     history = pd.read_csv(tmp_path / "flower" / "history.csv")
     kit = fk.run(fk.Config(algorithm="feddr+", **TINY), data=synthetic)
