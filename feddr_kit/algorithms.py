@@ -192,7 +192,8 @@ class Algorithm:
                                 "so engine='batched' cannot run it; use engine='serial'")
 
     def client_end(self, model: Net, ctx: ClientContext) -> dict:
-        """Called after local training; returns extra values to upload to the server."""
+        """Called after local training; returns extra values to upload to the server, each of the kind
+        :attr:`uploads` declares for its key."""
         return {}
 
     def server_update(
@@ -225,6 +226,29 @@ class Algorithm:
         ``model`` is a scratch model of the right architecture that may be overwritten. Whatever
         changes the reported model must go through :meth:`eval_state` and :meth:`state_dict`.
         """
+
+    # ------------------------------------------------------------------ what crosses the wire
+    # On one machine these hooks are not needed (one Algorithm object serves the server and every
+    # client); :mod:`feddr_kit.flower` uses them to split it between a server and its clients.
+    # The kind of each value :meth:`client_end` returns: "scalar" (a Python float, sent exactly as a
+    # float64) or "tensors" (a dict name -> tensor, sent as arrays).
+    uploads: ClassVar[dict[str, str]] = {}
+
+    def broadcast(self) -> dict[str, torch.Tensor]:
+        """Server state every client of a round needs besides the global model (SCAFFOLD: ``c``), by name;
+        default: none."""
+        return {}
+
+    def receive_broadcast(self, extras: dict[str, torch.Tensor]) -> None:
+        """Install :meth:`broadcast`'s tensors on a client's copy of the algorithm (before ``client_start``)."""
+
+    def client_state(self, client: int) -> dict[str, torch.Tensor]:
+        """The persistent state of one client, kept by that client between the rounds it trains in
+        (SCAFFOLD: ``c_i``), by name; ``{}`` when it has none (yet). Read after :meth:`client_end`."""
+        return {}
+
+    def set_client_state(self, client: int, state: dict[str, torch.Tensor]) -> None:
+        """Install a client's persistent state before it trains; ``{}``: it has none yet (forget any held)."""
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict:
@@ -406,6 +430,23 @@ class Scaffold(Algorithm):
             self.c[n] += sum(u["delta_c"][n] for u in uploads) / self.cfg.num_clients
         return average
 
+    uploads = {"delta_c": "tensors"}
+
+    def broadcast(self) -> dict[str, torch.Tensor]:
+        return dict(self.c)
+
+    def receive_broadcast(self, extras: dict[str, torch.Tensor]) -> None:
+        self.c = {n: extras[n].to(self.device) for n in self.names}
+
+    def client_state(self, client: int) -> dict[str, torch.Tensor]:
+        return dict(self.c_clients.get(client, {}))
+
+    def set_client_state(self, client: int, state: dict[str, torch.Tensor]) -> None:
+        if state:
+            self.c_clients[client] = {n: state[n].to(self.device) for n in self.names}
+        else:
+            self.c_clients.pop(client, None)
+
     def state_dict(self) -> dict:
         return {"c": self.c, "c_clients": self.c_clients}
 
@@ -503,6 +544,8 @@ class FedExP(Algorithm):
         super().setup(model, seed)
         self.param_names = [n for n, _ in model.named_parameters()]
         self.device = model.head.weight.device
+
+    uploads = {"delta_sq_norm": "scalar"}
 
     @torch.no_grad()
     def client_end(self, model: Net, ctx: ClientContext) -> dict:

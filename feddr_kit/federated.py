@@ -6,6 +6,12 @@ average on the fly, let the algorithm turn it into the next global state, evalua
 checkpoint. The dataset lives on the training device as uint8 tensors; batches are gathered,
 augmented and normalized there. All local randomness is derived from ``(seed, round, client)``,
 so a resumed run replays exactly what an uninterrupted one would have done.
+
+The round is built from pieces that :mod:`feddr_kit.flower` calls too, so a Flower run is this run:
+:func:`prepare` (set-up), :func:`plan_round` (sampling, weights, lr), :func:`client_context` and
+:func:`train_clients` (train from a received global state), :func:`new_average`, :func:`accumulate`
+and :func:`next_global_state` (aggregation), :func:`evaluate_global`, :func:`save_checkpoint` and
+:func:`finish_run`.
 """
 from __future__ import annotations
 
@@ -325,17 +331,45 @@ def run(
             return _run(cfg, device, out_dir, checkpoint, data, partition, callback)
 
 
-def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: dict | None, data: ImageData | None,
-         partition: Partition | None, callback: Callable[[dict], None] | None) -> Result:
-    """:func:`run` under its kernel settings, once ``out_dir`` (or None) is owned and, when resuming,
-    its ``checkpoint`` read."""
-    engine = engine_mod.resolve_engine(cfg.engine, device)
+@dataclass
+class RunSetup:
+    """What a run builds before round 0, the same for :func:`run` and for the Flower apps
+    (:mod:`feddr_kit.flower`), so both start from the same bits.
 
+    ``model`` is the one reusable local model (built right after ``torch.manual_seed(cfg.seed)``,
+    the head installed by ``algo.setup``); ``teacher`` a second model of the same architecture that
+    holds the round's global model when the algorithm needs it; ``initial_state`` the global state
+    before round 0 (detached copies); ``client_idx[k]`` client ``k``'s train indices (int64 ``[n_k]``
+    on the device); ``counts`` the clients' train label histograms (float32 ``[K, C]``);
+    ``mean_size`` ``N/K`` for the Dirichlet step rule.
+    """
+
+    cfg: Config
+    device: torch.device
+    engine: str
+    data: ImageData
+    partition: Partition
+    algo: Algorithm
+    model: Net
+    teacher: Net
+    lr0: float
+    initial_state: dict[str, torch.Tensor]
+    client_idx: list[torch.Tensor]
+    counts: torch.Tensor
+    mean_size: int
+
+
+def prepare(cfg: Config, device: torch.device, data: ImageData | None = None,
+            partition: Partition | None = None) -> RunSetup:
+    """Build a run's data, partition, algorithm, models and initial global state (see :class:`RunSetup`).
+
+    Seeds ``torch`` with ``cfg.seed`` before the model is built, so every caller gets the same
+    initial weights. ``data`` / ``partition`` reuse already-loaded ones (checked against ``cfg``).
+    """
+    engine = engine_mod.resolve_engine(cfg.engine, device)
     data = (data or load_data(cfg)).to(device)
     part = partition if partition is not None else make_partition(cfg, data)
     check_partition(part, data, cfg)
-    mean_size = len(data.train_y) // cfg.num_clients
-
     torch.manual_seed(cfg.seed)
     algo = get_algorithm(cfg)
     model = build_model(cfg.model, data.num_classes, head_bias=algo.head_bias,
@@ -345,7 +379,111 @@ def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: di
     teacher = build_model(cfg.model, data.num_classes, head_bias=algo.head_bias).to(device)
     algo.adapt_model(teacher)  # same architecture as the global model (FedETF's projection)
     teacher.eval().requires_grad_(False)
-    global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    initial_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    client_idx = [torch.from_numpy(t.astype(np.int64)).to(device) for t in part.train_indices]
+    counts = torch.from_numpy(part.counts("train")).float().to(device)
+    return RunSetup(cfg, device, engine, data, part, algo, model, teacher, lr0, initial_state, client_idx, counts,
+                    len(data.train_y) // cfg.num_clients)
+
+
+@dataclass
+class RoundPlan:
+    """One round as the server plans it: ``clients`` (sampled ids, in the order the kit sums their
+    states), their size ``weights`` (summing to 1), the ``lr`` and whether the round is ``evaluating``."""
+
+    round: int
+    lr: float
+    clients: list[int]
+    weights: list[float]
+    evaluating: bool
+
+
+def plan_round(cfg: Config, lr0: float, round: int, part: Partition) -> RoundPlan:
+    """The :class:`RoundPlan` of round ``round`` (0-based): a pure function of the config and the partition."""
+    clients = sample_clients(cfg.seed, round, cfg.num_clients, cfg.clients_per_round)
+    sizes = np.array([len(part.train_indices[k]) for k in clients], dtype=np.float64)
+    evaluating = (round + 1) % cfg.eval_every == 0 or round == cfg.rounds - 1
+    return RoundPlan(round, lr_at(cfg, lr0, round), clients.tolist(), (sizes / sizes.sum()).tolist(), evaluating)
+
+
+def client_context(setup: RunSetup, client: int, round: int, lr: float,
+                   global_state: dict[str, torch.Tensor]) -> ClientContext:
+    """The :class:`ClientContext` of ``client`` in round ``round`` at ``lr``, from the received ``global_state``."""
+    n = len(setup.partition.train_indices[client])
+    return ClientContext(client=client, round=round, lr=lr, num_samples=n,
+                         num_steps=local_steps(n, setup.cfg, setup.mean_size),
+                         class_counts=setup.counts[client], global_state=global_state)
+
+
+def train_clients(setup: RunSetup, ctxs: list[ClientContext], engine: str | None = None
+                  ) -> Iterator[tuple[ClientContext, float, dict]]:
+    """Train clients from the received global state (``ctxs[i].global_state``, the same for all).
+
+    Yields ``(ctx, mean local loss, upload)`` per client in order, with ``setup.model`` then holding
+    that client's final local state (read it before the next ``next``); ``upload`` is
+    ``algo.client_end``'s dict (typed by ``Algorithm.uploads``). ``setup.teacher`` must already hold
+    the global state when ``algo.needs_teacher`` (:func:`load_teacher`). ``engine``: default the run's.
+    """
+    trained = engine_mod.train_round(engine or setup.engine, setup.model, setup.teacher, setup.algo, setup.data,
+                                     [setup.client_idx[c.client] for c in ctxs], ctxs, setup.cfg, setup.device)
+    for ctx, loss in zip(ctxs, trained):
+        yield ctx, loss, setup.algo.client_end(setup.model, ctx)
+
+
+def load_teacher(setup: RunSetup, global_state: dict[str, torch.Tensor]) -> None:
+    """Load the round's global state into ``setup.teacher`` (the distillation teacher, the probes' global view)."""
+    setup.teacher.load_state_dict(global_state)
+
+
+def new_average(global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Zeros like the floating-point entries of ``global_state``: the accumulator of a round's average."""
+    return {k: torch.zeros_like(v) for k, v in global_state.items() if v.is_floating_point()}
+
+
+def accumulate(average: dict[str, torch.Tensor], client_state: list[torch.Tensor], weight: float) -> None:
+    """``average += weight · client_state`` in place; ``client_state`` lists tensors in ``average``'s order.
+
+    Clients must be added in the :class:`RoundPlan`'s order for the float sums to be the kit's.
+    """
+    torch._foreach_add_(list(average.values()), client_state, alpha=weight)
+
+
+def next_global_state(algo: Algorithm, global_state: dict[str, torch.Tensor], average: dict[str, torch.Tensor],
+                      uploads: list[dict], weights: list[float], round: int) -> dict[str, torch.Tensor]:
+    """The next global state from a round's weighted ``average`` (float entries) and ``uploads`` (plan order).
+
+    Integer buffers are not averaged: they keep the global values. Then ``algo.server_update`` and
+    ``algo.finalize_global`` (the frozen head re-asserted).
+    """
+    for n, v in global_state.items():
+        average.setdefault(n, v.clone())
+    return algo.finalize_global(algo.server_update(global_state, average, uploads, weights, round))
+
+
+def evaluate_global(setup: RunSetup, evaluator: "Evaluator", global_state: dict[str, torch.Tensor], plan: RoundPlan,
+                    losses: list[float]) -> dict[str, Any]:
+    """A history row (without ``seconds``) for the global state after ``plan``'s round: round, lr,
+    test and local test accuracy of ``algo.eval_state(global_state)``, the clients' mean train loss.
+    Leaves that evaluated state in ``setup.model``."""
+    setup.model.load_state_dict(setup.algo.eval_state(global_state))
+    return {"round": plan.round + 1, "lr": plan.lr, **evaluator(setup.model, setup.algo),
+            "train_loss": float(np.mean(losses))}
+
+
+def finish_round(setup: RunSetup, global_state: dict[str, torch.Tensor], round: int) -> None:
+    """What follows a round's aggregation before its evaluation: after the last round, the algorithm's
+    ``after_training`` (SphereFed's head calibration) on the scratch ``setup.model``."""
+    if round == setup.cfg.rounds - 1:
+        setup.algo.after_training(setup.model, global_state, setup.data, setup.partition)
+
+
+def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: dict | None, data: ImageData | None,
+         partition: Partition | None, callback: Callable[[dict], None] | None) -> Result:
+    """:func:`run` under its kernel settings, once ``out_dir`` (or None) is owned and, when resuming,
+    its ``checkpoint`` read."""
+    setup = prepare(cfg, device, data, partition)
+    data, part, algo, model = setup.data, setup.partition, setup.algo, setup.model
+    global_state = setup.initial_state
     local_state = model.state_dict()  # views of the live parameters
 
     start, rows, round_seconds = 0, [], []
@@ -354,8 +492,7 @@ def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: di
     if out_dir is not None:
         write_text(out_dir / "config.json", cfg.to_json() + "\n")
 
-    client_idx = [torch.from_numpy(t.astype(np.int64)).to(device) for t in part.train_indices]
-    counts = torch.from_numpy(part.counts("train")).float().to(device)
+    counts = setup.counts
     evaluator = Evaluator(data, part, cfg.seed)
     probe = probe_set(data, cfg.probe_samples, cfg.seed, model) if cfg.probes else None
 
@@ -363,45 +500,30 @@ def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: di
                initial=start, total=cfg.rounds, dynamic_ncols=True)
     for t in bar:
         t0 = time.perf_counter()
-        lr = lr_at(cfg, lr0, t)
-        clients = sample_clients(cfg.seed, t, cfg.num_clients, cfg.clients_per_round)
-        sizes = np.array([len(part.train_indices[k]) for k in clients], dtype=np.float64)
-        weights = (sizes / sizes.sum()).tolist()
-
-        evaluating = (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1
-        probing = probe is not None and evaluating  # probes are recorded with the evaluated rounds only
+        plan = plan_round(cfg, setup.lr0, t, part)
+        probing = probe is not None and plan.evaluating  # probes are recorded with the evaluated rounds only
         if algo.needs_teacher or probing:
-            teacher.load_state_dict(global_state)
-        global_view = probe_view(teacher, algo, data, *probe) if probing else None
+            load_teacher(setup, global_state)
+        global_view = probe_view(setup.teacher, algo, data, *probe) if probing else None
 
-        average = {k: torch.zeros_like(v) for k, v in global_state.items() if v.is_floating_point()}
-        average_list = list(average.values())
+        average = new_average(global_state)
         averaged_local = [local_state[n] for n in average]  # live views: they hold each client's weights in turn
-        ctxs = [ClientContext(client=k, round=t, lr=lr, num_samples=len(part.train_indices[k]),
-                              num_steps=local_steps(len(part.train_indices[k]), cfg, mean_size),
-                              class_counts=counts[k], global_state=global_state) for k in clients.tolist()]
-        trained = engine_mod.train_round(engine, model, teacher, algo, data, [client_idx[c.client] for c in ctxs],
-                                         ctxs, cfg, device)
+        ctxs = [client_context(setup, k, t, plan.lr, global_state) for k in plan.clients]
         uploads, losses_, probe_rows = [], [], []
-        for ctx, w, loss in zip(ctxs, weights, trained):  # model now holds client ctx.client's final state
-            k = ctx.client
+        for (ctx, loss, upload), w in zip(train_clients(setup, ctxs), plan.weights):  # model holds ctx.client's state
             losses_.append(loss)
-            uploads.append(algo.client_end(model, ctx))
-            torch._foreach_add_(average_list, averaged_local, alpha=w)
+            uploads.append(upload)
+            accumulate(average, averaged_local, w)
             if probing:
-                observed = counts[k] > 0
+                observed = counts[ctx.client] > 0
                 probe_rows.append(probes_mod.compare(probe_view(model, algo, data, *probe), global_view, probe[1], observed))
 
-        for n, v in global_state.items():  # integer buffers are not averaged: keep the global ones
-            average.setdefault(n, v.clone())
-        global_state = algo.finalize_global(algo.server_update(global_state, average, uploads, weights, t))
-        if t == cfg.rounds - 1:
-            algo.after_training(model, global_state, data, part)  # e.g. SphereFed's head calibration
+        global_state = next_global_state(algo, global_state, average, uploads, plan.weights, t)
+        finish_round(setup, global_state, t)
         seconds = time.perf_counter() - t0
 
-        if evaluating:
-            model.load_state_dict(algo.eval_state(global_state))
-            row = {"round": t + 1, "lr": lr, **evaluator(model, algo), "train_loss": float(np.mean(losses_))}
+        if plan.evaluating:
+            row = evaluate_global(setup, evaluator, global_state, plan, losses_)
             seconds = time.perf_counter() - t0
             row["seconds"] = seconds
             if probe_rows:
@@ -411,16 +533,27 @@ def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: di
             if callback is not None:
                 callback(dict(row))
         round_seconds.append(seconds)
-        if out_dir is not None and ((cfg.checkpoint_every and (t + 1) % cfg.checkpoint_every == 0) or t == cfg.rounds - 1):
-            _save(out_dir, t + 1, global_state, algo, rows, round_seconds, cfg)
+        if out_dir is not None and checkpoint_due(cfg, t):
+            save_checkpoint(out_dir, t + 1, global_state, algo, rows, round_seconds, cfg)
     bar.close()
+    return finish_run(setup, global_state, rows, round_seconds, out_dir)
 
-    model.load_state_dict(algo.eval_state(global_state))
+
+def checkpoint_due(cfg: Config, round: int) -> bool:
+    """Whether a checkpoint is written after round ``round`` (0-based): every ``checkpoint_every`` and at the end."""
+    return bool(cfg.checkpoint_every and (round + 1) % cfg.checkpoint_every == 0) or round == cfg.rounds - 1
+
+
+def finish_run(setup: RunSetup, global_state: dict[str, torch.Tensor], rows: list[dict], round_seconds: list[float],
+               out_dir: Path | None) -> Result:
+    """The :class:`Result` of a finished run (``setup.model`` in the reported state); writes
+    ``summary.json`` to ``out_dir`` when given."""
+    setup.model.load_state_dict(setup.algo.eval_state(global_state))
     history = pd.DataFrame(rows)
-    summary = summarize(history, round_seconds, cfg, lr0)
+    summary = summarize(history, round_seconds, setup.cfg, setup.lr0)
     if out_dir is not None:
         write_json(out_dir / "summary.json", summary)
-    return Result(cfg, history, summary, model, algo, part, data, out_dir)
+    return Result(setup.cfg, history, summary, setup.model, setup.algo, setup.partition, setup.data, out_dir)
 
 
 def client_loss(model: Net, teacher: Net | None, algo: Algorithm, x: torch.Tensor, y: torch.Tensor,
@@ -529,8 +662,9 @@ def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr
 
 
 # --------------------------------------------------------------------------- checkpoints
-def _save(out_dir: Path, next_round: int, global_state: dict, algo: Algorithm, rows: list,
-          round_seconds: list, cfg: Config) -> None:
+def save_checkpoint(out_dir: Path, next_round: int, global_state: dict, algo: Algorithm, rows: list,
+                    round_seconds: list, cfg: Config) -> None:
+    """Write ``out_dir/checkpoint.pt`` (global state, algorithm state, history, RNGs) and ``history.csv``."""
     ckpt = {
         "version": 1,
         "next_round": next_round,
@@ -544,6 +678,7 @@ def _save(out_dir: Path, next_round: int, global_state: dict, algo: Algorithm, r
     }
     atomic_write(out_dir / CHECKPOINT, lambda tmp: torch.save(ckpt, tmp))
     write_text(out_dir / "history.csv", pd.DataFrame(rows).to_csv(index=False))
+
 
 
 # Keys a checkpoint must hold to be resumed from.

@@ -1,0 +1,186 @@
+"""The kit on Flower (feddr_kit/flower.py): the same code path as fk.run, bit for bit.
+
+The fast tests call the ClientApp (``app(message, context)``) and the strategy directly, in this
+process (no Ray, no SuperLink), through :class:`feddr_kit.flower.InProcessGrid`; they need plain
+``flwr``. The real ``flwr run`` simulation is slow (Ray start-up) and runs only where
+``flwr[simulation]`` is installed and ``FEDDR_FLOWER_SIMULATION=1`` asks for it.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+try:
+    import tomllib
+except ImportError:  # Python 3.10: flwr brings tomli
+    import tomli as tomllib
+
+import feddr_kit as fk  # noqa: E402
+from feddr_kit import flower  # noqa: E402
+from feddr_kit.errors import FeddrKitError  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = Path(__file__).resolve().parents[1]
+# 4 clients, 3 sampled per round, 2 rounds: some clients train twice (SCAFFOLD's c_i comes back).
+TINY = dict(dataset="synthetic", num_clients=4, clients_per_round=3, shards_per_client=5, rounds=2,
+            local_epochs=1, eval_every=1, lr_gamma=1.0, progress=False, engine="serial", device="cpu")
+
+
+def assert_same_run(a: fk.Result, b: fk.Result) -> None:
+    """Histories equal but for wall-clock seconds, every weight bit-for-bit equal."""
+    pd.testing.assert_frame_equal(a.history.drop(columns="seconds"), b.history.drop(columns="seconds"),
+                                  check_exact=True)
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert list(sa) == list(sb)
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "feddr+", "scaffold", "fedexp"])
+def test_flower_apps_equal_fk_run_bit_for_bit(synthetic, algorithm):
+    cfg = fk.Config(algorithm=algorithm, **TINY)
+    kit = fk.run(cfg, data=synthetic)
+    on_flower = flower.run_in_process(cfg, data=synthetic)
+    assert_same_run(kit, on_flower)
+    assert kit.history["test_acc"].iloc[-1] > 0.0  # it trained: not two runs of nothing
+
+
+def test_scaffold_client_state_lives_in_the_clients_context(synthetic):
+    cfg = fk.Config(algorithm="scaffold", **TINY)
+    kit = fk.run(cfg, data=synthetic)
+    flower.provide_data(cfg, synthetic)
+    grid = flower.InProcessGrid(flower.client_app, cfg)
+    flower.run_on_grid(grid, cfg, data=synthetic)
+    trained = {int(k) for t in range(cfg.rounds) for k in fk.federated.sample_clients(cfg.seed, t, 4, 3)}
+    for ctx in grid.contexts.values():
+        k = ctx.node_config[flower.PARTITION_ID]
+        held = flower.from_record(ctx.state[flower.CLIENT_STATE], torch.device("cpu")) \
+            if flower.CLIENT_STATE in ctx.state else {}
+        if k not in trained:
+            assert held == {}
+            continue
+        expected = kit.algorithm.c_clients[k]
+        assert set(held) == set(expected)
+        for n in expected:
+            assert torch.equal(held[n], expected[n]), (k, n)
+
+
+def test_sampling_uses_partition_ids_not_node_ids(synthetic):
+    cfg = fk.Config(algorithm="fedavg", **TINY)
+    flower.provide_data(cfg, synthetic)
+    grid = flower.InProcessGrid(flower.client_app, cfg, first_node_id=500)
+    setup = fk.federated.prepare(cfg, torch.device("cpu"), synthetic)
+    strategy = flower.KitStrategy(setup)
+    nodes = strategy.discover(grid)
+    assert nodes == {p: 500 + 3 - p for p in range(4)}  # the grid numbers nodes in reverse
+    messages = strategy.configure_train(1, flower.to_record(setup.initial_state), None, grid)
+    sent_to = [m.metadata.dst_node_id for m in messages]
+    sampled = fk.federated.sample_clients(cfg.seed, 0, 4, 3).tolist()
+    assert sent_to == [500 + 3 - k for k in sampled]
+    assert [int(m.content["config"]["client"]) for m in messages] == sampled
+
+
+def test_a_missing_partition_is_a_clear_error(synthetic):
+    cfg = fk.Config(algorithm="fedavg", **TINY)
+    grid = flower.InProcessGrid(flower.client_app, cfg)
+    grid.contexts.pop(next(iter(grid.contexts)))  # three nodes for four clients
+    setup = fk.federated.prepare(cfg, torch.device("cpu"), synthetic)
+    with pytest.raises(FeddrKitError, match="SuperNodes connected"):
+        flower.KitStrategy(setup).discover(grid, timeout=0.0)
+
+
+def test_run_config_round_trips_every_config_field():
+    cfg = fk.Config(algorithm="scaffold", lr=0.05, regularizer="prox", lr_decay_at=(0.25, 0.5), partition_seed=3,
+                    probes=False, dataset="synthetic")
+    values = flower.config_to_run_config(cfg)
+    assert all(isinstance(v, (bool, int, float, str)) for v in values.values())
+    assert flower.config_from_run_config(values) == cfg
+    assert flower.config_from_run_config(flower.config_to_run_config(fk.Config(lr_decay_at=()))).lr_decay_at == ()
+    with pytest.raises(FeddrKitError, match="unknown key"):
+        flower.config_from_run_config({**values, "rounds_": 3})
+
+
+def test_written_app_names_the_components_and_holds_the_config(tmp_path):
+    cfg = fk.Config(algorithm="feddr+", rounds=2, dataset="synthetic", lr=0.02)
+    path = flower.write_app(cfg, tmp_path / "app")
+    doc = tomllib.loads(path.read_text())
+    app = doc["tool"]["flwr"]["app"]
+    assert app["components"] == {"serverapp": "feddr_kit.flower:server_app", "clientapp": "feddr_kit.flower:client_app"}
+    assert flower.config_from_run_config(app["config"]) == cfg
+    from flwr.common.config import validate_config
+
+    ok, errors, _ = validate_config(doc, check_module=True, project_dir=tmp_path / "app")
+    assert ok, errors
+
+
+def test_unsupported_settings_and_missing_results_fail_loudly(tmp_path):
+    with pytest.raises(FeddrKitError, match="probes"):
+        flower.check_supported(fk.Config(probes=True))
+    with pytest.raises(FeddrKitError, match="batched"):
+        flower.check_supported(fk.Config(engine="batched"))
+    with pytest.raises(FeddrKitError, match="summary.json"):  # `flwr run --stream` exits 0 after a crash
+        flower.check_outcome(fk.Config(rounds=2), tmp_path)
+    with pytest.raises(FeddrKitError, match="out_dir"):
+        flower.simulate(fk.Config(dataset="synthetic"))
+
+
+def test_upload_kinds_are_declared_and_checked():
+    algo = fk.algorithms.get_algorithm(fk.Config(algorithm="fedexp"))
+    scalars, arrays = flower.pack_uploads(algo, {"delta_sq_norm": 0.1 + 0.2})
+    assert scalars == {"upload.delta_sq_norm": 0.1 + 0.2} and arrays == {}  # float64 kept exactly
+    with pytest.raises(FeddrKitError, match="declare"):
+        flower.pack_uploads(algo, {"something_else": 1.0})
+
+
+def test_importing_the_kit_does_not_import_flower():
+    code = "import sys, feddr_kit; assert 'flwr' not in sys.modules, 'flwr imported'"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def simulation_wanted() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return os.environ.get("FEDDR_FLOWER_SIMULATION") == "1"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not simulation_wanted(), reason="needs flwr[simulation] (Ray) and FEDDR_FLOWER_SIMULATION=1: "
+                                                    "Ray's start-up takes about a minute")
+def test_real_flwr_run_simulation_equals_fk_run(synthetic, tmp_path):
+    """`python -m feddr_kit flower` (SuperLink, `flwr run`, Ray): FedDr+, 4 clients, 2 rounds, within 10 minutes."""
+    args = ["--dataset", "synthetic", "--algorithm", "feddr+", "--num-clients", "4", "--clients-per-round", "3",
+            "--shards-per-client", "5", "--rounds", "2", "--local-epochs", "1", "--eval-every", "1", "--lr-gamma", "1",
+            "--engine", "serial", "--device", "cpu", "--out-dir", str(tmp_path / "flower")]
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "feddr_kit", "flower", *args], cwd=REPO, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the command stops its SuperLink and Ray before exiting
+        out, _ = proc.communicate(timeout=120)
+        pytest.fail(f"python -m feddr_kit flower took over 600 s: {out[-2000:]}")
+    assert proc.returncode == 0, out[-4000:]
+    assert time.time() - start < 600
+    history = pd.read_csv(tmp_path / "flower" / "history.csv")
+    kit = fk.run(fk.Config(algorithm="feddr+", **TINY), data=synthetic)
+    pd.testing.assert_frame_equal(history.drop(columns="seconds"),
+                                  pd.read_csv(pd.io.common.StringIO(kit.history.to_csv(index=False))).drop(columns="seconds"),
+                                  check_exact=True)
+    saved = torch.load(tmp_path / "flower" / "checkpoint.pt", weights_only=False)["global_state"]
+    for name, t in kit.model.state_dict().items():
+        assert torch.equal(saved[name], t), name
+    assert json.loads((tmp_path / "flower" / "summary.json").read_text())["rounds"] == 2
