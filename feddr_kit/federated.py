@@ -138,8 +138,15 @@ def local_batches(indices: torch.Tensor, cfg: Config, num_steps: int, gen: torch
         for _ in range(num_steps):
             yield indices[torch.randperm(n, generator=gen, device=indices.device)[: cfg.batch_size]]
         return
-    for _ in range(cfg.local_epochs):
-        yield from indices[torch.randperm(n, generator=gen, device=indices.device)].split(cfg.batch_size)
+    # Whole shuffled epochs until num_steps batches (E·⌈n/B⌉ steps are exactly E epochs; an algorithm
+    # asking for more steps through Algorithm.num_local_steps gets more epochs, e.g. FedRep's head epochs).
+    steps = 0
+    while steps < num_steps:
+        for batch in indices[torch.randperm(n, generator=gen, device=indices.device)].split(cfg.batch_size):
+            yield batch
+            steps += 1
+            if steps == num_steps:
+                return
 
 
 def make_partition(cfg: Config, data: ImageData) -> Partition:
@@ -255,6 +262,7 @@ class Evaluator:
         self.client_of = torch.from_numpy(np.concatenate(ids).astype(np.int64)).to(dev)
         self.num_clients = part.num_clients
         self.test_indices = part.test_indices
+        self.partition = part
 
     def global_order(self) -> torch.Tensor:
         """The order a batch-statistics model sees the test set in: int64 ``[M]``."""
@@ -264,6 +272,19 @@ class Evaluator:
         """Test indices of ``client`` in the order a batch-statistics model sees them: int64 ``[m_k]``."""
         idx = torch.from_numpy(np.asarray(self.test_indices[client], dtype=np.int64))
         return idx[eval_order(len(idx), self.seed, 1, client)]
+
+    def client_accuracy(self, model: Net, algo: Algorithm, client: int) -> float:
+        """Accuracy of ``model`` on ``client``'s own test set alone (0 when it is empty), in
+        :meth:`client_order` for a batch-statistics model."""
+        if model.batch_stat_norm:
+            idx = self.client_order(client)
+        else:
+            idx = torch.from_numpy(np.asarray(self.test_indices[client], dtype=np.int64))
+        if len(idx) == 0:
+            return 0.0
+        idx = idx.to(self.data.test_x.device)
+        _, z = forward_all(model, algo, self.data, self.data.test_x[idx])
+        return float((z.argmax(1) == self.data.test_y[idx]).float().mean())
 
     def __call__(self, model: Net, algo: Algorithm) -> dict[str, float]:
         if model.batch_stat_norm:
@@ -378,7 +399,7 @@ def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: di
         average_list = list(average.values())
         averaged_local = [local_state[n] for n in average]  # live views: they hold each client's weights in turn
         ctxs = [ClientContext(client=k, round=t, lr=lr, num_samples=len(part.train_indices[k]),
-                              num_steps=local_steps(len(part.train_indices[k]), cfg, mean_size),
+                              num_steps=algo.num_local_steps(local_steps(len(part.train_indices[k]), cfg, mean_size)),
                               class_counts=counts[k], global_state=global_state) for k in clients.tolist()]
         trained = engine_mod.train_round(engine, model, teacher, algo, data, [client_idx[c.client] for c in ctxs],
                                          ctxs, cfg, device)
@@ -402,6 +423,7 @@ def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: di
         if evaluating:
             model.load_state_dict(algo.eval_state(global_state))
             row = {"round": t + 1, "lr": lr, **evaluator(model, algo), "train_loss": float(np.mean(losses_))}
+            row.update(algo.personalized_metrics(model, global_state, evaluator, t, lr))  # PFL methods only
             seconds = time.perf_counter() - t0
             row["seconds"] = seconds
             if probe_rows:
@@ -468,6 +490,7 @@ def train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx
     params = [p for p in model.parameters() if p.requires_grad]  # frozen ones never reach the optimizer
     opt = torch.optim.SGD(params, lr=ctx.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     gen = client_generator(cfg.seed, ctx.round, ctx.client, device)
+    ctx.extra["optimizer"] = opt  # for hooks that change the step size between steps (Per-FedAvg)
     algo.client_start(model, ctx)
     total, steps = torch.zeros((), device=device), 0
     for batch_idx in local_batches(idx, cfg, ctx.num_steps, gen):
@@ -515,6 +538,8 @@ def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr
         "best_acc": float(acc.max()),
         "last5_acc": float(acc.tail(5).mean()),
         "final_local_acc": float(history["local_test_acc"].iloc[-1]),
+        **({"final_personalized_acc": float(history["personalized_acc"].iloc[-1])}
+           if "personalized_acc" in history else {}),
         "sec_per_round": float(statistics.median(round_seconds)),
         "total_seconds": float(sum(round_seconds)),
         "rounds": int(history["round"].iloc[-1]),
