@@ -54,21 +54,27 @@ def gfl_folder(gfl_root: Path, setting: str, algorithm: str, seed: int) -> Path:
 
 
 def items(seeds: list[int], settings: list[str]) -> list[tuple]:
-    """The work in priority order, (kind, setting, seed, what): three tiers (FedDr+/FedAvg-FT and the
-    PFL runs; local-only CE and DR; the other FT variants and CE-ETF), each over all seeds, so a cut
-    budget loses whole cells of the last tier rather than seeds."""
-    tiers = [[("ft", "feddr+"), ("ft", "fedavg"), ("pfl", None)],
-             [("local", "ce"), ("local", "dr")],
-             [*(("ft", a) for a in FT_ALGORITHMS[2:]), ("local", "ce_etf")]]
-    return [(kind, s, seed, what) for tier in tiers for seed in seeds for s in settings for kind, what in tier]
+    """The work in priority order, (kind, setting, seed, what): the first seed's whole table in the first
+    setting; FedDr+-FT and FedAvg-FT (the chapter's main comparison) on every seed there; the first
+    seed in the other settings; then everything else. A cut budget loses the tail, never the main claim."""
+    every = lambda s, seed: [("ft", s, seed, "feddr+"), ("ft", s, seed, "fedavg"), ("pfl", s, seed, None),
+                             *(("local", s, seed, loss) for loss in LOCAL_LOSSES),
+                             *(("ft", s, seed, a) for a in FT_ALGORITHMS[2:])]
+    first, rest = settings[0], settings[1:]
+    order = every(first, seeds[0])
+    order += [("ft", first, seed, a) for seed in reversed(seeds[1:]) for a in ("feddr+", "fedavg")]  # chapter 05 reaches seed 2 last
+    order += [i for s in rest for i in every(s, seeds[0])]
+    order += [i for seed in seeds[1:] for s in settings for i in every(s, seed)]
+    return list(dict.fromkeys(order))
 
 
 def item_file(root: Path, kind: str, setting: str, seed: int, what: str) -> Path:
     return root / slug(setting) / kind / f"{what}__seed={seed}.csv"
 
 
-def run_item(item, root: Path, gfl_root: Path, data, wait: bool) -> bool:
-    """Run one item unless done; False when it has to wait for chapter 05's run."""
+def run_item(item, root: Path, gfl_root: Path, data, wait: bool, gfl_run: list[str]) -> bool:
+    """Run one item unless done; False when it has to wait for chapter 05's run (``wait`` and the
+    algorithm not in ``gfl_run``, the ones this script may run into chapter 05's root itself)."""
     kind, setting, seed, what = item
     base = {**fk.sweep.SWEEP_SCALE, **SETTINGS[setting]}
     if kind == "pfl":
@@ -83,9 +89,12 @@ def run_item(item, root: Path, gfl_root: Path, data, wait: bool) -> bool:
     else:
         folder = gfl_folder(gfl_root, setting, what, seed)
         if not (folder / "summary.json").exists():
-            if wait:
+            if what in gfl_run:  # chapter 05's run of this point (the same folder name as its whole grid gives)
+                fk.sweep.run(base, {"algorithm": [what]}, [seed], gfl_root / slug(setting), data=data, progress=False)
+            elif wait:
                 return False
-            fk.sweep.run(base, GFL_GRID, [seed], gfl_root / slug(setting), data=data)  # chapter 05's own sweep
+            else:
+                fk.sweep.run(base, GFL_GRID, [seed], gfl_root / slug(setting), data=data)  # chapter 05's own sweep
         cfg = fk.Config.from_dict(__import__("json").loads((folder / "config.json").read_text()))
         algo = fk.algorithms.get_algorithm(cfg)
         lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
@@ -134,6 +143,8 @@ def main() -> None:
     p.add_argument("--gfl-root", default=str(RESULTS.parent / "runs" / "ch05_algorithms"),
                    help="chapter 05's sweep root, whose GFL runs are fine-tuned (and run there when missing)")
     p.add_argument("--gfl-wait", action="store_true", help="wait for chapter 05's runs instead of running them")
+    p.add_argument("--gfl-run", nargs="*", default=[], help="with --gfl-wait: algorithms whose missing GFL runs "
+                   "this script runs itself (only those points, into the same folders chapter 05 would use)")
     p.add_argument("--budget-min", type=float, default=35.0, help="start no new item after this much CPU time")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--collect-only", action="store_true")
@@ -149,7 +160,7 @@ def main() -> None:
                 break
             for item in pending:
                 t0 = time.process_time()
-                if run_item(item, root, gfl_root, data, args.gfl_wait):
+                if run_item(item, root, gfl_root, data, args.gfl_wait, args.gfl_run):
                     pending.remove(item)
                     print(f"{time.strftime('%H:%M:%S')} done {item} in {time.process_time() - t0:.0f} s CPU "
                           f"(total {time.process_time() / 60:.1f} min)", flush=True)
