@@ -62,7 +62,7 @@ def items(seeds: list[int], settings: list[str]) -> list[tuple]:
                              *(("ft", s, seed, a) for a in FT_ALGORITHMS[2:])]
     first, rest = settings[0], settings[1:]
     order = every(first, seeds[0])
-    order += [("ft", first, seed, a) for seed in reversed(seeds[1:]) for a in ("feddr+", "fedavg")]  # chapter 05 reaches seed 2 last
+    order += [("ft", first, seed, a) for a in ("feddr+", "fedavg") for seed in reversed(seeds[1:])]  # chapter 05 reaches seed 2 last
     order += [i for s in rest for i in every(s, seeds[0])]
     order += [i for seed in seeds[1:] for s in settings for i in every(s, seed)]
     return list(dict.fromkeys(order))
