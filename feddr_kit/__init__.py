@@ -6,7 +6,7 @@
 """
 import importlib
 
-from . import errors, data, partition, heads, losses, models, algorithms, engine, probes, sweep
+from . import errors, data, partition, heads, losses, models, algorithms, engine, probes, sweep, personalize, paper
 from .config import Config
 from .errors import FeddrKitError
 from .federated import Result, run
@@ -27,5 +27,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["Config", "Result", "run", "FeddrKitError", "data", "partition", "heads", "losses", "models",
-           "algorithms", "engine", "probes", "plots", "teaching", "stats", "sweep", "errors"]
+           "algorithms", "engine", "probes", "plots", "teaching", "stats", "sweep", "personalize", "paper", "errors"]
 __version__ = "0.1.0"

@@ -72,6 +72,10 @@ class Algorithm:
     # Default initial lr per model, chosen by the grid in results/lr_grid.csv (teaching scale, cnn)
     # and the reference configs (vgg11 / mobilenet, spec §0).
     default_lr: ClassVar[dict[str, float]] = {}
+    # True for methods whose local training reads and changes per-client state (the personalized ones,
+    # feddr_kit/pfl.py): the batched engine refuses them.
+    serial_only: ClassVar[bool] = False
+    personalized: ClassVar[bool] = False  # reports personalized models (history column personalized_acc)
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -172,6 +176,18 @@ class Algorithm:
         return beta * task + (1.0 - beta) * self.regularizer_loss(model, b, ctx)
 
     # ------------------------------------------------------------------ hooks (no-ops by default)
+    def num_local_steps(self, steps: int) -> int:
+        """Local steps of a client given the kit's rule's ``steps`` (:func:`federated.local_steps`);
+        default: the same. FedRep adds its head epochs, Per-FedAvg rounds up to whole step pairs."""
+        return steps
+
+    def personalized_metrics(self, model: Net, global_state: dict[str, torch.Tensor], evaluator, round: int,
+                             lr: float) -> dict[str, float]:
+        """Extra history columns of an evaluated round (the personalized methods' ``personalized_acc``);
+        default none. ``model`` is a scratch model that may be overwritten; ``evaluator`` is the run's
+        :class:`federated.Evaluator` (its ``partition`` and ``data``); ``lr`` the round's lr."""
+        return {}
+
     def client_start(self, model: Net, ctx: ClientContext) -> None:
         """Called after the local model is loaded with the global state, before the first step."""
 
@@ -322,9 +338,10 @@ class FedDrPlus(DotRegression):
     default_regularizer = "fd"
 
 
-def algorithm_names() -> list[str]:
-    """Registered algorithm names, in registration order."""
-    return list(ALGORITHMS)
+def algorithm_names(personalized: bool = False) -> list[str]:
+    """Registered algorithm names, in registration order: the global-model (GFL) methods, or with
+    ``personalized=True`` the personalized ones (feddr_kit/pfl.py: fedper, fedrep, perfedavg, ditto)."""
+    return [n for n, cls in ALGORITHMS.items() if cls.personalized == personalized]
 
 
 # --------------------------------------------------------------------------- baselines (issue 4)
@@ -696,3 +713,7 @@ class FedETF(Algorithm):
 
     def task_loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
         return losses.balanced_softmax(b.z, b.y, ctx.class_counts)
+
+
+# The personalized methods (spec §12) register themselves on import; they build on the classes above.
+from . import pfl  # noqa: E402,F401

@@ -42,7 +42,7 @@ class Config:
     reference_partition: str | None = field(default=None, metadata={"help": "for partition=reference: a file name such as cifar10_shard_s2 (in FEDDR_REFERENCE_DIR) or a path to an .npz"})
     # model and algorithm
     model: str = field(default="cnn", metadata={"help": "cnn | vgg11 | mobilenet (paper: vgg11 for CIFAR-10, mobilenet for CIFAR-100)"})
-    algorithm: str = field(default="feddr+", metadata={"help": "fedavg | fedbabu | scaffold | fedntd | fedexp | spherefed | fedetf | dr | feddr+"})
+    algorithm: str = field(default="feddr+", metadata={"help": "fedavg | fedbabu | scaffold | fedntd | fedexp | spherefed | fedetf | dr | feddr+; personalized: fedper | fedrep | perfedavg | ditto"})
     regularizer: str | None = field(default=None, metadata={"help": "none (no regularizer) | prox | kd | ntd | ld | fd; None (flag left out) = the algorithm's own (fd for feddr+); a run records the one it used"})
     beta: float = field(default=0.9, metadata={"help": "weight of the algorithm's loss in beta*L_alg + (1-beta)*L_reg (paper: 0.9)"})
     # optimization
@@ -74,6 +74,9 @@ class Config:
     fedexp_eps: float = field(default=1e-3, metadata={"help": "FedExP epsilon (decayed by 0.998^2 per round with fedexp_step=fedexp)"})
     fedexp_step: str = field(default="fedexp", metadata={"help": "fedexp (the FedExP paper's extrapolating step) | reference (the FedDr+ code's step, which never extrapolates: the paper's FedExP numbers)"})
     scaffold_zero_head_grad: bool = field(default=False, metadata={"help": "SCAFFOLD: zero the head weight's loss gradient before the control-variate correction, as the FedDr+ code"})
+    fedrep_head_epochs: int = field(default=10, metadata={"help": "FedRep: head-only epochs before the local_epochs body-only epochs (FedRep's CIFAR-10 code: 10)"})
+    ditto_lambda: float = field(default=0.75, metadata={"help": "Ditto: weight lambda of the proximal term (lambda/2)||v - w||^2 of the personal model (FedBABU code: 0.75)"})
+    perfedavg_beta: float | None = field(default=None, metadata={"help": "Per-FedAvg: outer step size beta; None = the run's initial lr (the reference's fixed 0.1 = its lr0)"})
     spherefed_calibration: bool = field(default=False, metadata={"help": "SphereFed closed-form head calibration after training"})
 
     def __post_init__(self) -> None:
@@ -172,6 +175,10 @@ class Config:
         real("mu", 0.0, math.inf)
         real("tau", 0.0, math.inf, low_open=True)
         real("fedexp_eps", 0.0, math.inf)
+        integer("fedrep_head_epochs", 0)
+        real("ditto_lambda", 0.0, math.inf)
+        if self.perfedavg_beta is not None:
+            real("perfedavg_beta", 0.0, math.inf, low_open=True)
         choice("fedexp_step", FEDEXP_STEPS)
         if not isinstance(self.scaffold_zero_head_grad, bool):
             raise FeddrKitError(f"scaffold_zero_head_grad must be True or False, got {self.scaffold_zero_head_grad!r}")

@@ -114,6 +114,9 @@ class _ClientLoss(nn.Module):
 
 def check_batchable(model: Net, algo: Algorithm, cfg: Config) -> None:
     """Raise ``FeddrKitError`` naming what the batched engine cannot vectorise (never fall back silently)."""
+    if algo.serial_only:
+        raise FeddrKitError(f"engine='batched': algorithm {algo.name!r} keeps per-client state that its local "
+                            "training reads and changes (a personalized method), which only engine='serial' runs")
     if type(algo).before_step is not Algorithm.before_step and \
             type(algo).before_step_batched is Algorithm.before_step_batched:
         raise FeddrKitError(f"engine='batched': algorithm {algo.name!r} overrides before_step but not "

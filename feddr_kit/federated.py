@@ -144,8 +144,15 @@ def local_batches(indices: torch.Tensor, cfg: Config, num_steps: int, gen: torch
         for _ in range(num_steps):
             yield indices[torch.randperm(n, generator=gen, device=indices.device)[: cfg.batch_size]]
         return
-    for _ in range(cfg.local_epochs):
-        yield from indices[torch.randperm(n, generator=gen, device=indices.device)].split(cfg.batch_size)
+    # Whole shuffled epochs until num_steps batches (E·⌈n/B⌉ steps are exactly E epochs; an algorithm
+    # asking for more steps through Algorithm.num_local_steps gets more epochs, e.g. FedRep's head epochs).
+    steps = 0
+    while steps < num_steps:
+        for batch in indices[torch.randperm(n, generator=gen, device=indices.device)].split(cfg.batch_size):
+            yield batch
+            steps += 1
+            if steps == num_steps:
+                return
 
 
 def make_partition(cfg: Config, data: ImageData) -> Partition:
@@ -261,6 +268,7 @@ class Evaluator:
         self.client_of = torch.from_numpy(np.concatenate(ids).astype(np.int64)).to(dev)
         self.num_clients = part.num_clients
         self.test_indices = part.test_indices
+        self.partition = part
 
     def global_order(self) -> torch.Tensor:
         """The order a batch-statistics model sees the test set in: int64 ``[M]``."""
@@ -270,6 +278,19 @@ class Evaluator:
         """Test indices of ``client`` in the order a batch-statistics model sees them: int64 ``[m_k]``."""
         idx = torch.from_numpy(np.asarray(self.test_indices[client], dtype=np.int64))
         return idx[eval_order(len(idx), self.seed, 1, client)]
+
+    def client_accuracy(self, model: Net, algo: Algorithm, client: int) -> float:
+        """Accuracy of ``model`` on ``client``'s own test set alone (0 when it is empty), in
+        :meth:`client_order` for a batch-statistics model."""
+        if model.batch_stat_norm:
+            idx = self.client_order(client)
+        else:
+            idx = torch.from_numpy(np.asarray(self.test_indices[client], dtype=np.int64))
+        if len(idx) == 0:
+            return 0.0
+        idx = idx.to(self.data.test_x.device)
+        _, z = forward_all(model, algo, self.data, self.data.test_x[idx])
+        return float((z.argmax(1) == self.data.test_y[idx]).float().mean())
 
     def __call__(self, model: Net, algo: Algorithm) -> dict[str, float]:
         if model.batch_stat_norm:
@@ -411,7 +432,7 @@ def client_context(setup: RunSetup, client: int, round: int, lr: float,
     """The :class:`ClientContext` of ``client`` in round ``round`` at ``lr``, from the received ``global_state``."""
     n = len(setup.partition.train_indices[client])
     return ClientContext(client=client, round=round, lr=lr, num_samples=n,
-                         num_steps=local_steps(n, setup.cfg, setup.mean_size),
+                         num_steps=setup.algo.num_local_steps(local_steps(n, setup.cfg, setup.mean_size)),
                          class_counts=setup.counts[client], global_state=global_state)
 
 
@@ -464,10 +485,13 @@ def evaluate_global(setup: RunSetup, evaluator: "Evaluator", global_state: dict[
                     losses: list[float]) -> dict[str, Any]:
     """A history row (without ``seconds``) for the global state after ``plan``'s round: round, lr,
     test and local test accuracy of ``algo.eval_state(global_state)``, the clients' mean train loss.
+    Personalized methods add their columns (``algo.personalized_metrics``, e.g. ``personalized_acc``).
     Leaves that evaluated state in ``setup.model``."""
     setup.model.load_state_dict(setup.algo.eval_state(global_state))
-    return {"round": plan.round + 1, "lr": plan.lr, **evaluator(setup.model, setup.algo),
-            "train_loss": float(np.mean(losses))}
+    row = {"round": plan.round + 1, "lr": plan.lr, **evaluator(setup.model, setup.algo),
+           "train_loss": float(np.mean(losses))}
+    row.update(setup.algo.personalized_metrics(setup.model, global_state, evaluator, plan.round, plan.lr))
+    return row
 
 
 def finish_round(setup: RunSetup, global_state: dict[str, torch.Tensor], round: int) -> None:
@@ -601,6 +625,7 @@ def train_client(model: Net, teacher: Net, algo: Algorithm, data: ImageData, idx
     params = [p for p in model.parameters() if p.requires_grad]  # frozen ones never reach the optimizer
     opt = torch.optim.SGD(params, lr=ctx.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     gen = client_generator(cfg.seed, ctx.round, ctx.client, device)
+    ctx.extra["optimizer"] = opt  # for hooks that change the step size between steps (Per-FedAvg)
     algo.client_start(model, ctx)
     total, steps = torch.zeros((), device=device), 0
     for batch_idx in local_batches(idx, cfg, ctx.num_steps, gen):
@@ -648,6 +673,8 @@ def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr
         "best_acc": float(acc.max()),
         "last5_acc": float(acc.tail(5).mean()),
         "final_local_acc": float(history["local_test_acc"].iloc[-1]),
+        **({"final_personalized_acc": float(history["personalized_acc"].iloc[-1])}
+           if "personalized_acc" in history else {}),
         "sec_per_round": float(statistics.median(round_seconds)),
         "total_seconds": float(sum(round_seconds)),
         "rounds": int(history["round"].iloc[-1]),

@@ -94,6 +94,11 @@ def check_supported(cfg: Config) -> None:
     for name, value in UNSUPPORTED.items():
         if getattr(cfg, name) == value:
             raise FeddrKitError(f"{name}={value!r} is not supported on Flower; use fk.run for it")
+    from .algorithms import ALGORITHMS
+
+    if cfg.algorithm in ALGORITHMS and ALGORITHMS[cfg.algorithm].personalized:
+        # Their evaluation reads every client's personal model, which on Flower lives on the clients.
+        raise FeddrKitError(f"algorithm={cfg.algorithm!r} (personalized) is not supported on Flower yet; use fk.run for it")
 
 
 # --------------------------------------------------------------------------- tensors <-> records

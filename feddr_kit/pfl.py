@@ -1,0 +1,295 @@
+"""Personalized FL methods as algorithms on the shared round loop (spec §12): FedPer, FedRep,
+Per-FedAvg (first-order, as implemented) and Ditto.
+
+Each keeps what is personal in the algorithm object, keyed by client id: FedPer's and FedRep's
+local heads, Ditto's personal models. :meth:`PersonalizedAlgorithm.client_state` /
+:meth:`~PersonalizedAlgorithm.set_client_state` read and write one client's state (a dict of
+tensors), and :meth:`~PersonalizedAlgorithm.state_dict` checkpoints all of it, so a resumed run
+continues bit for bit. A client that never took part has its method's initial state (FedPer/FedRep:
+the common initial head; Ditto: the initial global model).
+
+At every evaluated round each method evaluates every client's personalized model on that client's
+own test set (spec §11.3) and adds ``personalized_acc`` (mean over all clients) and
+``personalized_acc_seen`` (mean over the clients that have trained at least once) to the history.
+They run in the serial engine only.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from . import losses
+from .algorithms import _CE_LR, Algorithm, Batch, ClientContext, register
+from .models import Net
+
+HEAD_KEYS = ("head.weight", "head.bias")
+# Generator stream of the evaluation-time adaptation step (Per-FedAvg), apart from the rounds' streams.
+EVAL_STREAM = 1_000_003
+
+
+class PersonalizedAlgorithm(Algorithm):
+    """Base of the personalized methods: per-client state, its checkpoint, and the personalized evaluation.
+
+    Subclasses say what a client's state is (:meth:`initial_client_state`) and which model a client
+    is evaluated with (:meth:`personal_model_state`).
+    """
+
+    personalized = True
+    serial_only = True
+    default_lr = _CE_LR
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.clients: dict[int, dict[str, torch.Tensor]] = {}  # per-client persistent state
+        self.visited: set[int] = set()  # clients that have trained at least once
+        self.client_acc: list[float] = []  # personalized accuracy of every client at the last evaluation
+        self.device = torch.device("cpu")
+
+    def setup(self, model: Net, seed: int) -> None:
+        super().setup(model, seed)
+        self.device = model.head.weight.device
+
+    # ------------------------------------------------------------------ per-client state
+    def initial_client_state(self) -> dict[str, torch.Tensor]:
+        """The state of a client that has not trained yet; default: none."""
+        return {}
+
+    def client_state(self, client: int) -> dict[str, torch.Tensor]:
+        """Client ``client``'s persistent state: name → tensor (a copy of the initial one if it never trained)."""
+        if client in self.clients:
+            return self.clients[client]
+        return {n: v.clone() for n, v in self.initial_client_state().items()}
+
+    def set_client_state(self, client: int, state: dict[str, torch.Tensor]) -> None:
+        """Store ``state`` (name → tensor, copied) as client ``client``'s persistent state."""
+        self.clients[int(client)] = {n: v.detach().to(self.device).clone() for n, v in state.items()}
+
+    def personal_model_state(self, client: int, global_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The full model state client ``client`` is evaluated with (default: the global one)."""
+        return global_state
+
+    def client_end(self, model: Net, ctx: ClientContext) -> dict:
+        self.visited.add(int(ctx.client))
+        return {}
+
+    # ------------------------------------------------------------------ evaluation
+    def client_accuracies(self, model: Net, global_state, evaluator, round: int, lr: float) -> list[float]:
+        """Accuracy of every client's personalized model on its own test set: a list of ``K`` floats."""
+        accs = []
+        for k in range(evaluator.num_clients):
+            model.load_state_dict(self.personal_model_state(k, global_state))
+            accs.append(evaluator.client_accuracy(model, self, k))
+        return accs
+
+    def personalized_metrics(self, model, global_state, evaluator, round, lr) -> dict[str, float]:
+        self.client_acc = self.client_accuracies(model, global_state, evaluator, round, lr)
+        seen = [a for k, a in enumerate(self.client_acc) if k in self.visited]
+        return {"personalized_acc": float(np.mean(self.client_acc)),
+                "personalized_acc_seen": float(np.mean(seen)) if seen else math.nan}
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict:
+        return {"clients": {k: {n: v.cpu() for n, v in s.items()} for k, s in self.clients.items()},
+                "visited": sorted(self.visited), "client_acc": list(self.client_acc)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.clients = {int(k): {n: v.to(self.device) for n, v in s.items()} for k, s in state["clients"].items()}
+        self.visited = {int(k) for k in state["visited"]}
+        self.client_acc = list(state["client_acc"])
+
+
+@register
+class FedPer(PersonalizedAlgorithm):
+    """FedPer: every client trains all layers with CE from the global body and its own persistent head;
+    the server averages the body only, the heads never leave the clients (spec §12.1).
+
+    Personalized model of client k: the global body with k's head.
+    """
+
+    name = "fedper"
+
+    def setup(self, model: Net, seed: int) -> None:
+        super().setup(model, seed)
+        state = model.state_dict()
+        self.head_keys = [n for n in HEAD_KEYS if n in state]
+        self.initial_head = {n: state[n].detach().clone() for n in self.head_keys}
+
+    def initial_client_state(self) -> dict[str, torch.Tensor]:
+        return self.initial_head
+
+    def client_start(self, model: Net, ctx: ClientContext) -> None:
+        with torch.no_grad():
+            for n, v in self.client_state(ctx.client).items():
+                model.get_parameter(n).copy_(v)
+
+    def client_end(self, model: Net, ctx: ClientContext) -> dict:
+        self.set_client_state(ctx.client, {n: model.get_parameter(n) for n in self.head_keys})
+        return super().client_end(model, ctx)
+
+    def server_update(self, global_state, average, uploads, weights, round):
+        # The body is averaged; the global head stays the common initial one (heads are never aggregated).
+        return {**average, **{n: global_state[n] for n in self.head_keys}}
+
+    def personal_model_state(self, client, global_state):
+        return {**global_state, **self.client_state(client)}
+
+
+@register
+class FedRep(FedPer):
+    """FedRep: with its own head loaded, a client first trains the head only for
+    ``Config.fedrep_head_epochs`` epochs (body frozen), then the body only for ``local_epochs`` epochs
+    (head frozen); the server averages the body, heads persist (spec §12.2).
+
+    Frozen parts take no step at all (no gradient, so no weight decay nor momentum either), and the
+    body is frozen by ``requires_grad`` during the head phase, so its backward is not computed.
+    """
+
+    name = "fedrep"
+
+    def num_local_steps(self, steps: int) -> int:
+        per_epoch = steps // self.cfg.local_epochs
+        return per_epoch * (self.cfg.fedrep_head_epochs + self.cfg.local_epochs)
+
+    def _train_only(self, model: Net, head: bool) -> None:
+        for n, p in model.named_parameters():
+            if n in self.trainable_names:
+                p.requires_grad_((n in self.head_keys) == head)
+
+    def client_start(self, model: Net, ctx: ClientContext) -> None:
+        super().client_start(model, ctx)
+        h, e = self.cfg.fedrep_head_epochs, self.cfg.local_epochs
+        ctx.extra["fedrep_head_steps"] = ctx.num_steps * h // (h + e)
+        ctx.extra["fedrep_steps"] = 0
+        self._train_only(model, head=ctx.extra["fedrep_head_steps"] > 0)
+
+    def before_step(self, model: Net, ctx: ClientContext) -> None:
+        ctx.extra["fedrep_steps"] += 1
+        if ctx.extra["fedrep_steps"] == ctx.extra["fedrep_head_steps"]:  # the last head step: body next
+            self._train_only(model, head=False)
+
+    def client_end(self, model: Net, ctx: ClientContext) -> dict:
+        for n, p in model.named_parameters():
+            if n in self.trainable_names:
+                p.requires_grad_(True)
+        return super().client_end(model, ctx)
+
+
+@register
+class PerFedAvg(PersonalizedAlgorithm):
+    """Per-FedAvg, first-order, as the FedBABU/[REF] code implements it (spec §12.3).
+
+    Local steps go in pairs of batches (D, D′): ``w̃ = w − α·∇L(w; D)`` then, from ``w`` again,
+    ``w ← w − β·∇L(w̃; D′)``, with one SGD optimizer (its momentum shared by both steps). ``α`` is the
+    round's lr, ``β`` is ``Config.perfedavg_beta`` (None: the run's initial lr). The server averages ``w``.
+
+    Personalized model of client k: from the global ``w``, one plain SGD step at the round's lr on one
+    batch of k's own training data (not its test data: the reference's bug), then k's test set.
+    """
+
+    name = "perfedavg"
+
+    def num_local_steps(self, steps: int) -> int:
+        return steps + steps % 2  # whole (D, D′) pairs
+
+    @property
+    def beta(self) -> float:
+        if self.cfg.perfedavg_beta is not None:
+            return self.cfg.perfedavg_beta
+        return self.cfg.lr if self.cfg.lr is not None else self.initial_lr(self.cfg.model)
+
+    def client_start(self, model: Net, ctx: ClientContext) -> None:
+        ctx.extra["pfa_params"] = [p for p in model.parameters() if p.requires_grad]
+        ctx.extra["pfa_steps"] = 0
+
+    @torch.no_grad()
+    def before_step(self, model: Net, ctx: ClientContext) -> None:
+        opt, params = ctx.extra["optimizer"], ctx.extra["pfa_params"]
+        inner = ctx.extra["pfa_steps"] % 2 == 0
+        if inner:  # the step to w̃ on D: remember w
+            ctx.extra["pfa_w"] = [p.detach().clone() for p in params]
+        else:  # gradient taken at w̃ on D′: step from w
+            for p, w in zip(params, ctx.extra["pfa_w"]):
+                p.copy_(w)
+        for group in opt.param_groups:
+            group["lr"] = ctx.lr if inner else self.beta
+        ctx.extra["pfa_steps"] += 1
+
+    def client_accuracies(self, model, global_state, evaluator, round, lr):
+        from .federated import client_generator  # the loop's module imports this one
+
+        data, part = evaluator.data, evaluator.partition
+        accs = []
+        for k in range(evaluator.num_clients):
+            model.load_state_dict(global_state)
+            idx = torch.from_numpy(np.asarray(part.train_indices[k], dtype=np.int64)).to(data.train_x.device)
+            gen = client_generator(self.cfg.seed, EVAL_STREAM + round, k, data.train_x.device)
+            batch = idx[torch.randperm(len(idx), generator=gen, device=idx.device)[: self.cfg.batch_size]]
+            model.train()
+            params = [p for p in model.parameters() if p.requires_grad]
+            x = data.train_batch(batch, gen)
+            loss = self.loss(model, Batch(x=x, y=data.train_y[batch], h=(h := model.features(x)),
+                                          z=self.logits(model, h)), None)
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                torch._foreach_add_(params, list(grads), alpha=-lr)
+            accs.append(evaluator.client_accuracy(model, self, k))
+        return accs
+
+
+@register
+class Ditto(PersonalizedAlgorithm):
+    """Ditto: the global model by FedAvg, plus a persistent personal model ``v_k`` per client, never
+    aggregated, trained on the same local batches as the client's copy of ``w`` (spec §12.4)::
+
+        v ← v − η·∇F_k(v)              (SGD with the run's momentum and weight decay)
+        v ← v − η·λ·(v_prev − w^t)     (v_prev: v before the step, w^t: the round-start global)
+
+    ``λ = Config.ditto_lambda``. Personalized model of client k: ``v_k``; a client that never trained
+    has the initial global model.
+    """
+
+    name = "ditto"
+
+    def setup(self, model: Net, seed: int) -> None:
+        super().setup(model, seed)
+        self.initial = {n: v.detach().clone() for n, v in model.state_dict().items()}
+        self.personal = copy.deepcopy(model)  # the scratch model v is trained in
+
+    def initial_client_state(self) -> dict[str, torch.Tensor]:
+        return self.initial
+
+    def client_start(self, model: Net, ctx: ClientContext) -> None:
+        self.personal.load_state_dict(self.client_state(ctx.client))
+        self.personal.train()
+        params = dict(self.personal.named_parameters())
+        ctx.extra["ditto_names"] = [n for n in self.trainable_names]
+        ctx.extra["ditto_opt"] = torch.optim.SGD([params[n] for n in ctx.extra["ditto_names"]], lr=ctx.lr,
+                                                 momentum=self.cfg.momentum, weight_decay=self.cfg.weight_decay)
+
+    def task_loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
+        ctx.extra["ditto_batch"] = (b.x, b.y)  # the personal step in before_step uses the same batch
+        return losses.cross_entropy(b.z, b.y)
+
+    def before_step(self, model: Net, ctx: ClientContext) -> None:
+        x, y = ctx.extra.pop("ditto_batch")
+        v, opt = self.personal, ctx.extra["ditto_opt"]
+        params = dict(v.named_parameters())
+        loss = losses.cross_entropy(self.logits(v, v.features(x)), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.no_grad():
+            prev = [params[n].detach().clone() for n in ctx.extra["ditto_names"]]
+            opt.step()
+            for n, p_prev in zip(ctx.extra["ditto_names"], prev):
+                params[n].sub_(ctx.lr * self.cfg.ditto_lambda * (p_prev - ctx.global_state[n]))
+
+    def client_end(self, model: Net, ctx: ClientContext) -> dict:
+        self.set_client_state(ctx.client, self.personal.state_dict())
+        return super().client_end(model, ctx)
+
+    def personal_model_state(self, client, global_state):
+        return self.client_state(client)
