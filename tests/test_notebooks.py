@@ -347,11 +347,13 @@ def test_seed_runs_reuse_and_the_one_seed_studies():
     assert list(hist.columns[:3]) == ["run", "algorithm", "seed"] and len(hist) == 4
     same = teaching.same_model_study(both[("DR", 1)], {"CE": "fedbabu", "DR": "dr"}, lrs=[None, 0.01], draws=2,
                                      local_epochs=1, probe_samples=40)
-    assert len(same) == 2 * 2 * 2 * 2 and set(same["seed"]) == {1} and set(same["draw"]) == {0, 1}  # lrs x draws x losses x clients
+    assert len(same) == 2 * 2 * 2 * 2  # lrs x draws x losses x clients
+    assert set(same["seed"]) == {1} and set(same["draw"]) == {0, 1}
     assert math.isnan(same["lr"].iloc[0]) and set(same["lr"].dropna()) == {0.01}
     sweep = teaching.beta_sweep(both[("Dr+", 0)], [0.0, 1.0], local_epochs=1, probe_samples=40)
     assert sorted(set(sweep["beta"])) == [0.0, 1.0] and len(sweep) == 2 * 2
-    axes = fk.plots.probe_panels({"DR": hist[hist["run"] == "DR"]}, ("align", "feat_dist_rel"), references={"align": -1 / 3})
+    axes = fk.plots.probe_panels({"DR": hist[hist["run"] == "DR"]}, ("align", "feat_dist_rel"),
+                                 references={"align": -1 / 3})
     fig = axes[0].figure
     assert all(ax.get_legend() is None for ax in axes) and len(fig.legends) == 1  # one legend, under the panels
     plt.close("all")
