@@ -388,17 +388,23 @@ _PROBE_LABELS = {
     "feat_norm_diff": "norm difference $\\|f_{local}\\|-\\|f_{global}\\|$",
     "global_align": "global-model alignment",
     "global_acc": "global-model accuracy (%)",
+    "global_feat_norm": "global feature norm $\\|f_{global}\\|$",
+    "feat_dist_rel": "relative feature distance $\\|f_{local}-f_{global}\\| / \\|f_{global}\\|$",
 }
 _PERCENT = {"acc", "acc_gap", "global_acc"}
 
 
-def observed_unobserved(histories: dict, quantity: str = "align", ax=None, title: str | None = None):
+def observed_unobserved(histories: dict, quantity: str = "align", ax=None, title: str | None = None,
+                        legend: bool = True, reference: float | None = None):
     """One probe quantity over rounds for several runs, observed (red) vs unobserved (blue) classes.
 
     ``histories`` maps a run label to a history recorded with ``probes=True``; ``quantity`` is
     one of ``align``, ``acc``, ``align_gap``, ``acc_gap`` (local minus the global model it started
-    from), ``feat_dist``, ``feat_angle``, ``feat_norm_diff``. Line style and marker tell the runs
-    apart. Each point is the mean over the round's sampled clients. Returns the Axes.
+    from), ``global_align``, ``global_acc`` (the global model the clients started from),
+    ``feat_dist``, ``feat_dist_rel``, ``feat_angle``, ``feat_norm_diff``, ``global_feat_norm``. Line
+    style and marker tell the runs apart. Each point is the mean over the round's sampled clients.
+    ``legend=False`` leaves the legend to the caller (:func:`probe_panels` puts one under the panels);
+    ``reference`` draws a dotted horizontal line there (e.g. ``-1/(C-1)`` for alignment). Returns the Axes.
     """
     from .teaching import with_gaps
 
@@ -412,18 +418,54 @@ def observed_unobserved(histories: dict, quantity: str = "align", ax=None, title
             ax.plot(h["round"], scale * h[f"{quantity}_{s}"], color=color, ls=_LINESTYLES[i % 4],
                     marker=_MARKERS[i % len(_MARKERS)], markersize=4, label=f"{label}, {name}")
     _zero_line(ax, quantity)
+    if reference is not None:
+        ax.axhline(scale * reference, color="black", ls=":", lw=1.0, label=f"{reference:+.3f}")
     ax.set_xlabel("communication round")
     ax.set_ylabel(_PROBE_LABELS[quantity])
     ax.set_title(title or _PROBE_LABELS[quantity])
-    ax.legend(fontsize="x-small")
+    if legend:
+        ax.legend(fontsize="x-small")
     return ax
 
 
-def probe_panels(histories: dict, quantities=("align", "acc"), axes=None, suptitle: str | None = None):
-    """:func:`observed_unobserved` for several quantities side by side. Returns the array of Axes."""
+def probe_panels(histories: dict, quantities=("align", "acc"), axes=None, suptitle: str | None = None,
+                 references: dict | None = None):
+    """:func:`observed_unobserved` for several quantities side by side, with one legend below the
+    panels (so that no line hides behind it). ``references``: quantity -> y of a dotted reference
+    line. Returns the array of Axes."""
     axes = _panel_row(axes, len(quantities), (6.0, 4.2), suptitle)
     for ax, q in zip(axes, quantities):
-        observed_unobserved(histories, q, ax=ax)
+        observed_unobserved(histories, q, ax=ax, legend=False, reference=(references or {}).get(q))
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].figure.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), fontsize="small")
+    return axes
+
+
+def client_drilldown(table, classes=None, axes=None, reference: float | None = None):
+    """Per-class alignment of one client's probe images before (global model) and after its local round.
+
+    ``table``: :func:`feddr_kit.teaching.client_classes`'s rows; one panel per loss (``run``). Grey
+    bars: the global model; coloured bars: the local model, red for the client's observed classes,
+    blue for the rest. ``classes``: class names for the ticks; ``reference``: a dotted line (e.g.
+    ``-1/(C-1)``, the alignment of a feature that points exactly at another class's vector). Returns the Axes.
+    """
+    runs = list(dict.fromkeys(table["run"]))
+    axes = _panel_row(axes, len(runs), (5.6, 3.8), None)
+    for ax, run in zip(axes, runs):
+        t = table[table["run"] == run].sort_values("class")
+        x = np.arange(len(t))
+        colors = [OBS_COLOR if o else UNOBS_COLOR for o in t["observed"]]
+        ax.bar(x - 0.2, t["global_align"], 0.4, color="lightgrey", edgecolor="grey", label="global model (before)")
+        ax.bar(x + 0.2, t["align"], 0.4, color=colors, label="local model (after)")
+        ax.axhline(0.0, color="grey", lw=0.8)
+        if reference is not None:
+            ax.axhline(reference, color="black", ls=":", lw=1.0)
+        names = [classes[c] if classes is not None else str(c) for c in t["class"]]
+        ax.set_xticks(x, [f"{n}*" if o else n for n, o in zip(names, t["observed"])], rotation=45, ha="right")
+        ax.set_ylabel(_PROBE_LABELS["align"])
+        ax.set_title(f"{run}: unobs. acc {100 * t.loc[~t['observed'], 'global_acc'].mean():.0f}% -> "
+                     f"{100 * t.loc[~t['observed'], 'acc'].mean():.0f}%")
+        ax.legend(fontsize="x-small")
     return axes
 
 

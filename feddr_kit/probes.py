@@ -8,7 +8,9 @@ For each sampled client, after local training, on the probe images of its observ
 * ``global_align_S`` / ``global_acc_S``: the same for the global model the client started from;
 * ``feat_dist_S``: mean ``‖f_local(x) - f_global(x)‖₂``;
 * ``feat_angle_S``: mean angle between ``f_local(x)`` and ``f_global(x)``, in degrees;
-* ``feat_norm_diff_S``: mean ``‖f_local(x)‖ - ‖f_global(x)‖``.
+* ``feat_norm_diff_S``: mean ``‖f_local(x)‖ - ‖f_global(x)‖``;
+* ``global_feat_norm_S``: mean ``‖f_global(x)‖``, the scale the three feature quantities above are read
+  against (``feat_dist_S / global_feat_norm_S`` is the distance relative to the global feature's length).
 
 The probe set is a class-balanced subsample of the official test set, drawn once from the seed.
 """
@@ -22,7 +24,8 @@ import torch.nn.functional as F
 
 PROBE_COLUMNS = [
     f"{q}_{s}"
-    for q in ("align", "acc", "global_align", "global_acc", "feat_dist", "feat_angle", "feat_norm_diff")
+    for q in ("align", "acc", "global_align", "global_acc", "feat_dist", "feat_angle", "feat_norm_diff",
+              "global_feat_norm")
     for s in ("obs", "unobs")
 ]
 
@@ -64,7 +67,7 @@ def compare(local: ModelView, glob: ModelView, y: torch.Tensor, observed: torch.
     norm_diff = local.h.norm(dim=1) - glob.h.norm(dim=1)
     per_sample = {
         "align": local.align, "acc": correct_l, "global_align": glob.align, "global_acc": correct_g,
-        "feat_dist": dist, "feat_angle": angle, "feat_norm_diff": norm_diff,
+        "feat_dist": dist, "feat_angle": angle, "feat_norm_diff": norm_diff, "global_feat_norm": glob.h.norm(dim=1),
     }
     in_obs = observed[y]
     out: dict[str, float] = {}

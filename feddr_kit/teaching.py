@@ -234,12 +234,130 @@ def etf_checks(V: torch.Tensor) -> dict[str, float]:
 
 # --------------------------------------------------------------------------- chapters 03/04: probes
 def with_gaps(history: pd.DataFrame) -> pd.DataFrame:
-    """A copy of a probe history with ``align_gap_S`` / ``acc_gap_S`` = local minus ``global_*`` added."""
+    """A copy of a probe history with ``align_gap_S`` / ``acc_gap_S`` = local minus ``global_*`` added,
+    and, where ``global_feat_norm_S`` is recorded, ``feat_dist_rel_S`` = ``feat_dist_S / global_feat_norm_S``
+    (how far the features moved, in units of the global model's feature length)."""
     h = history.copy()
     for s in ("obs", "unobs"):
         h[f"align_gap_{s}"] = h[f"align_{s}"] - h[f"global_align_{s}"]
         h[f"acc_gap_{s}"] = h[f"acc_{s}"] - h[f"global_acc_{s}"]
+        if f"global_feat_norm_{s}" in h:
+            h[f"feat_dist_rel_{s}"] = h[f"feat_dist_{s}"] / h[f"global_feat_norm_{s}"]
     return h
+
+
+def seed_runs(cfg, runs: dict[str, str], seeds, data=None, reuse: dict | None = None):
+    """Federated runs of several algorithms at several seeds, their histories stacked.
+
+    ``cfg``: a :class:`feddr_kit.Config` (its ``algorithm`` and ``seed`` are replaced; the partition is
+    drawn from each seed); ``runs``: label -> algorithm name; ``seeds``: the seeds. Returns
+    ``(histories, results)``: one row per (run, seed, evaluated round) with columns ``run``,
+    ``algorithm``, ``seed`` and the history's; and a dict ``(label, seed) -> Result`` (its ``model`` and
+    ``partition`` feed :func:`same_model_study` / :func:`beta_sweep`). ``reuse``: results already run with
+    this ``cfg``, keyed like the returned dict; they are taken instead of being run again.
+    """
+    from .federated import run
+
+    frames, results = [], {}
+    for seed in seeds:
+        for label, name in runs.items():
+            result = (reuse or {}).get((label, int(seed))) or run(cfg.replace(algorithm=name, seed=int(seed)), data=data)
+            frames.append(result.history.assign(run=label, algorithm=name, seed=int(seed)))
+            results[(label, int(seed))] = result
+    histories = pd.concat(frames, ignore_index=True)
+    front = ["run", "algorithm", "seed"]
+    return histories[front + [c for c in histories.columns if c not in front]], results
+
+
+def paired_claim(claim: str, source: str, setting: str, table: pd.DataFrame, column: str, a: str, b: str,
+                 expected: str = "greater", margin: float = 0.0, by: str = "seed", percent: bool = False):
+    """A :class:`feddr_kit.stats.Claim` on ``a - b`` in ``column`` of ``table``, paired over ``by``.
+
+    ``table``: one row per (``run``, ``by``) (:func:`per_seed`'s output, or per-client rows with
+    ``by="client"``); the interval comes from :func:`paired`. A column that is exactly 0 on both sides
+    everywhere (e.g. an accuracy pinned at 0) is marked untestable. ``percent``: show the numbers in
+    percentage points (the values are fractions). ``seeds`` of the claim: the values of ``by`` used.
+    """
+    from . import stats
+
+    sides = table[table["run"].isin([a, b])]
+    pinned = bool(len(sides)) and bool((sides[column] == 0).all())
+    keys = sorted(sides[by].unique())
+    label = f"{by}s {', '.join(str(k) for k in keys)}" if by == "seed" else f"{len(keys)} {by}s"
+    return stats.Claim(claim, source, setting, paired(table, column, a, b, by=by), expected, margin, seeds=label,
+                       testable=not pinned, scale=100.0 if percent else 1.0, unit=" pp" if percent else "",
+                       fmt=".2f" if percent else ".3f")
+
+
+def same_model_study(result, losses: dict[str, str], lrs=(None,), draws: int = 1, local_epochs: int = 2,
+                     probe_samples: int = 500) -> pd.DataFrame:
+    """Chapter 03's controlled experiment at one seed: from the final global model of ``result`` (a
+    :class:`~feddr_kit.federated.Result`), one local round per loss, for ``draws`` client draws.
+
+    ``losses``: label -> algorithm name (its local step, see :func:`local_round_probes`); ``lrs``: the
+    learning rates to try, ``None`` for each algorithm's own, a number for one lr *shared* by every
+    loss. Returns :func:`local_round_probes`'s rows with ``seed``, ``draw`` and ``lr`` (the shared
+    value, NaN for each algorithm's own) added.
+    """
+    cfg = result.config
+    frames = []
+    for lr in lrs:
+        shared = None if lr is None else {name: float(lr) for name in losses.values()}
+        for k in range(draws):
+            df = local_round_probes(result.model, result.data, result.partition, losses, round=cfg.rounds + k,
+                                    clients_per_round=cfg.clients_per_round, local_epochs=local_epochs, lr=shared,
+                                    probe_samples=probe_samples, seed=cfg.seed)
+            frames.append(df.assign(seed=cfg.seed, draw=k, lr=math.nan if lr is None else float(lr)))
+    return pd.concat(frames, ignore_index=True)
+
+
+def beta_sweep(result, betas, local_epochs: int = 2, lr: float | None = None, probe_samples: int = 500) -> pd.DataFrame:
+    """Chapter 04's β sweep at one seed: from the final global model of ``result``, the round's clients
+    train one local round with FedDr+'s loss at each β in ``betas`` (identical batches), probed.
+
+    ``lr``: FedDr+'s lr (None: its default). Returns :func:`local_round_probes`'s rows with ``seed``
+    and ``beta`` added.
+    """
+    cfg = result.config
+    lr_map = None if lr is None else {"feddr+": float(lr)}
+    return pd.concat([local_round_probes(result.model, result.data, result.partition, {f"beta={b:g}": "feddr+"},
+                                         beta=float(b), round=cfg.rounds, clients_per_round=cfg.clients_per_round,
+                                         local_epochs=local_epochs, lr=lr_map,
+                                         probe_samples=probe_samples, seed=cfg.seed).assign(seed=cfg.seed, beta=float(b))
+                      for b in betas], ignore_index=True)
+
+
+def per_seed(histories: pd.DataFrame, skip_rounds: int = 0) -> pd.DataFrame:
+    """Mean over evaluated rounds of every numeric column (gaps included), one row per (run, seed).
+
+    ``histories``: stacked as :func:`seed_runs` returns them. Rounds ``<= skip_rounds`` are left out.
+    Returns a DataFrame with columns ``run``, ``seed`` and the means.
+    """
+    h = with_gaps(histories)
+    h = h[h["round"] > skip_rounds]
+    if h.empty:
+        raise FeddrKitError(f"no rounds left after skip_rounds={skip_rounds}")
+    return h.groupby(["run", "seed"], sort=False).mean(numeric_only=True).reset_index()
+
+
+def paired(table: pd.DataFrame, column: str, a: str, b: str, by: str = "seed", key: str = "run"):
+    """Interval of ``a - b`` in ``column``, paired over ``by`` (seeds, or clients with ``by="client"``).
+
+    ``table``: one row per (``key``, ``by``), e.g. :func:`per_seed`'s output or per-client probes;
+    ``a`` / ``b``: two values of ``key``. Seeds give a paired t interval (:func:`feddr_kit.stats.difference`);
+    clients a bootstrap interval of the per-client differences (:func:`feddr_kit.stats.bootstrap_interval`).
+    Returns a :class:`feddr_kit.stats.Interval`.
+    """
+    from . import stats
+
+    wide = table.pivot_table(index=by, columns=key, values=column, aggfunc="mean")
+    for label in (a, b):
+        if label not in wide:
+            raise FeddrKitError(f"{key}={label!r} is not in the table; it has {list(wide.columns)}")
+    pair = wide[[a, b]].dropna()
+    if by == "client":
+        return stats.bootstrap_interval((pair[a] - pair[b]).to_numpy())
+    return stats.difference(pair[a].to_numpy(), pair[b].to_numpy(), paired=True)
 
 
 def probe_table(histories: dict[str, pd.DataFrame], quantities=("align", "acc", "align_gap", "acc_gap"),
@@ -287,9 +405,22 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     ``(seed, round)``. Returns one row per (loss, client): ``run``, ``algorithm``, ``client`` and the
     :data:`feddr_kit.probes.PROBE_COLUMNS` (local model vs the shared global model).
     """
+    from . import probes as probes_mod
+
+    rows = [{"run": label, "algorithm": name, "client": k, **probes_mod.compare(local, glob, py, observed)}
+            for label, name, k, local, glob, py, observed in _local_updates(
+                global_model, data, partition, algorithms, round, clients, clients_per_round, local_epochs, lr, beta,
+                probe_samples, seed)]
+    return pd.DataFrame(rows)
+
+
+def _local_updates(global_model, data, partition, algorithms, round, clients, clients_per_round, local_epochs, lr,
+                   beta, probe_samples, seed):
+    """:func:`local_round_probes`'s training: yields ``(label, name, client, local_view, global_view, probe_y,
+    observed)`` per (loss, client), the views being :class:`feddr_kit.probes.ModelView` on the probe set and
+    ``observed`` the client's bool class mask ``[C]``."""
     import copy
 
-    from . import probes as probes_mod
     from .algorithms import ClientContext, get_algorithm
     from .config import Config
     from .federated import local_steps, probe_set, probe_view, sample_clients, train_client
@@ -304,7 +435,6 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     px, py = probe_set(data, probe_samples, seed, global_model)
     global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
     teacher = copy.deepcopy(global_model).eval().requires_grad_(False)
-    rows = []
     for label, name in runs.items():
         cfg = Config(algorithm=name, local_epochs=local_epochs, seed=seed, beta=beta, progress=False,
                      lr=(lr or {}).get(name), partition=partition.kind,
@@ -328,8 +458,32 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
             ctx = ClientContext(client=k, round=round, lr=lr0, num_samples=n, num_steps=local_steps(n, cfg, mean_size),
                                 class_counts=counts[k], global_state=global_state)
             train_client(model, teacher, algo, data, idx, ctx, cfg, device)
-            row = probes_mod.compare(probe_view(model, algo, data, px, py), g_view, py, counts[k] > 0)
-            rows.append({"run": label, "algorithm": name, "client": k, **row})
+            yield label, name, k, probe_view(model, algo, data, px, py), g_view, py, counts[k] > 0
+
+
+def client_classes(global_model, data, partition, client: int, algorithms=("dr",), round: int = 0,
+                   local_epochs: int = 2, lr: dict | None = None, probe_samples: int = 500, seed: int = 0) -> pd.DataFrame:
+    """One client's local round from ``global_model``, class by class: the drill-down of chapter 03.
+
+    Trains client ``client`` for one round with each loss in ``algorithms`` (names, or label -> name;
+    ``lr`` as in :func:`local_round_probes`) and returns one row per (loss, class): ``run``, ``class``
+    (index), ``observed`` (the class is in the client's training data), ``count`` (its training
+    images), ``global_align`` / ``align`` (mean ``cos(f(x), v_y)`` of the class's probe images before /
+    after the local round) and ``global_acc`` / ``acc`` (their accuracy).
+    """
+    if not isinstance(client, (int, np.integer)) or not 0 <= int(client) < partition.num_clients:
+        raise FeddrKitError(f"client must be an integer in [0, {partition.num_clients}), got {client!r}")
+    counts = partition.counts("train")[int(client)]
+    rows = []
+    for label, _, _, local, glob, py, _ in _local_updates(global_model, data, partition, algorithms, round, [int(client)],
+                                                          1, local_epochs, lr, 0.9, probe_samples, seed):
+        y = py.cpu().numpy()
+        for c in np.unique(y):
+            m = torch.from_numpy(y == c).to(py.device)
+            rows.append({"run": label, "class": int(c), "observed": bool(counts[c] > 0), "count": int(counts[c]),
+                         "global_align": float(glob.align[m].mean()), "align": float(local.align[m].mean()),
+                         "global_acc": float((glob.pred[m] == py[m]).float().mean()),
+                         "acc": float((local.pred[m] == py[m]).float().mean())})
     return pd.DataFrame(rows)
 
 

@@ -331,6 +331,7 @@ def test_probe_quantities_on_a_hand_built_case():
         "feat_dist_obs": (4 + math.sqrt(2) + 1 + r05) / 4, "feat_dist_unobs": (1 + 3 * r05) / 2,
         "feat_angle_obs": (math.degrees(math.acos(0.6)) + 90 + 0 + 0) / 4, "feat_angle_unobs": (0 + 180) / 2,
         "feat_norm_diff_obs": (2 + 0 + 1 - r05) / 4, "feat_norm_diff_unobs": (1 - r05) / 2,
+        "global_feat_norm_obs": (3 + 1 + 1 + math.sqrt(0.2)) / 4, "global_feat_norm_unobs": (1 + math.sqrt(0.2)) / 2,
     }
     out = probes.compare(local, glob, y, observed)
     assert set(out) == set(probes.PROBE_COLUMNS) == set(expected)

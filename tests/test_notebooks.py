@@ -274,3 +274,104 @@ def test_local_round_probes_on_synthetic_data(tmp_path):
         teaching.local_round_probes(model, data, part, ["fedetf"], clients=[0], local_epochs=1, probe_samples=40)
     path = teaching.save_results(tmp_path, {"x": float("nan")}, {"a": 1})
     assert json.loads(path.read_text()) == {"results": {"x": None}, "config": {"a": 1}}
+
+
+# ----------------------------------------------------------------------------- chapters 03/04 over seeds
+def test_paired_and_paired_claim_against_a_hand_computed_t_interval():
+    import math
+
+    import pandas as pd
+    from scipy import stats as st
+
+    from feddr_kit import teaching
+
+    table = pd.DataFrame({"run": ["A"] * 3 + ["B"] * 3, "seed": [0, 1, 2, 2, 1, 0],
+                          "x": [1.0, 2.0, 3.0, 2.0, 1.5, 0.5], "zero": 0.0})
+    d = teaching.paired(table, "x", "A", "B")  # per-seed differences 0.5, 0.5, 1.0 (B's rows are in another order)
+    half = st.t.ppf(0.975, 2) * math.sqrt(((0.5 - 2 / 3) ** 2 * 2 + (1 / 3) ** 2) / 2) / math.sqrt(3)
+    assert d.n == 3 and d.mean == pytest.approx(2 / 3) and d.low == pytest.approx(2 / 3 - half)
+    c = teaching.paired_claim("A above B", "paper", "toy", table, "x", "A", "B", "greater", margin=0.0)
+    assert c.verdict == "tie (within the interval)" and c.row()["seeds"] == "seeds 0, 1, 2"  # 2/3 - 0.717 < 0
+    c = teaching.paired_claim("A above B", "paper", "toy", table, "x", "B", "A", "greater")
+    assert c.verdict == "tie (within the interval)"
+    pinned = teaching.paired_claim("A's zero below B's", "chapter hypothesis", "toy", table, "zero", "A", "B", "less")
+    assert pinned.verdict == "untestable here"
+    clients = table.rename(columns={"seed": "client"})
+    boot = teaching.paired(clients, "x", "A", "B", by="client")
+    assert boot.method.startswith("bootstrap") and boot.low <= 2 / 3 <= boot.high
+    with pytest.raises(FeddrKitError, match="run='C'"):
+        teaching.paired(table, "x", "A", "C")
+
+
+def test_per_seed_averages_rounds_and_adds_relative_distance():
+    import pandas as pd
+
+    from feddr_kit import teaching
+
+    cols = {f"{q}_{s}": 1.0 for q in ("align", "global_align", "acc", "global_acc") for s in ("obs", "unobs")}
+    h = pd.DataFrame([{"run": "A", "seed": 0, "round": r, **cols, "feat_dist_obs": 2.0 * r, "feat_dist_unobs": 1.0,
+                       "global_feat_norm_obs": 4.0, "global_feat_norm_unobs": 2.0} for r in (1, 2, 3)])
+    ps = teaching.per_seed(h)
+    assert ps.loc[0, "feat_dist_obs"] == pytest.approx(4.0) and ps.loc[0, "feat_dist_rel_obs"] == pytest.approx(1.0)
+    assert ps.loc[0, "feat_dist_rel_unobs"] == pytest.approx(0.5)
+    assert teaching.per_seed(h, skip_rounds=2).loc[0, "feat_dist_obs"] == pytest.approx(6.0)
+    with pytest.raises(FeddrKitError, match="skip_rounds"):
+        teaching.per_seed(h, skip_rounds=3)
+
+
+def test_client_classes_agrees_with_local_round_probes():
+    import numpy as np
+    import torch
+
+    import feddr_kit as fk
+    from feddr_kit import teaching
+
+    data = fk.data.load("synthetic", num_classes=4, train_per_class=40, test_per_class=10)
+    part = fk.partition.shard(data.train_y, data.test_y, num_clients=4, shards_per_client=2, seed=0)
+    torch.manual_seed(0)
+    model = fk.models.build_model("cnn", 4)
+    with torch.no_grad():
+        model.head.weight.copy_(fk.heads.simplex_etf(4, model.feature_dim))
+    losses = {"CE": "fedbabu", "DR": "dr"}
+    per_class = teaching.client_classes(model, data, part, 1, losses, local_epochs=1, probe_samples=40)
+    summary = teaching.local_round_probes(model, data, part, losses, clients=[1], local_epochs=1, probe_samples=40)
+    observed = part.counts("train")[1] > 0
+    assert len(per_class) == 2 * 4 and list(per_class["observed"][:4]) == list(observed)
+    for run in losses:  # the probe set is class-balanced: the mean of per-class means is the overall mean
+        t, s = per_class[per_class["run"] == run], summary[summary["run"] == run].iloc[0]
+        for q in ("align", "acc", "global_align", "global_acc"):
+            assert t.loc[t["observed"], q].mean() == pytest.approx(s[f"{q}_obs"], abs=1e-6), (run, q)
+            assert t.loc[~t["observed"], q].mean() == pytest.approx(s[f"{q}_unobs"], abs=1e-6), (run, q)
+    with pytest.raises(FeddrKitError, match="client"):
+        teaching.client_classes(model, data, part, 4, losses)
+    axes = fk.plots.client_drilldown(per_class, classes=data.classes, reference=-1 / 3)
+    assert len(axes) == 2 and np.isclose(axes[0].lines[-1].get_ydata()[0], -1 / 3)
+
+
+def test_seed_runs_reuse_and_the_one_seed_studies():
+    import math
+
+    import matplotlib.pyplot as plt
+
+    import feddr_kit as fk
+    from feddr_kit import teaching
+
+    data = fk.data.load("synthetic", num_classes=4, train_per_class=40, test_per_class=10)
+    cfg = fk.Config(dataset="synthetic", num_clients=4, clients_per_round=2, shards_per_client=2, rounds=1,
+                    local_epochs=1, probes=True, probe_samples=40, eval_every=1, progress=False)
+    first, res = teaching.seed_runs(cfg, {"DR": "dr"}, [0], data)
+    hist, both = teaching.seed_runs(cfg, {"DR": "dr", "Dr+": "feddr+"}, [0, 1], data, reuse=res)
+    assert both[("DR", 0)] is res[("DR", 0)] and len(both) == 4
+    assert list(hist.columns[:3]) == ["run", "algorithm", "seed"] and len(hist) == 4
+    same = teaching.same_model_study(both[("DR", 1)], {"CE": "fedbabu", "DR": "dr"}, lrs=[None, 0.01], draws=2,
+                                     local_epochs=1, probe_samples=40)
+    assert len(same) == 2 * 2 * 2 * 2  # lrs x draws x losses x clients
+    assert set(same["seed"]) == {1} and set(same["draw"]) == {0, 1}
+    assert math.isnan(same["lr"].iloc[0]) and set(same["lr"].dropna()) == {0.01}
+    sweep = teaching.beta_sweep(both[("Dr+", 0)], [0.0, 1.0], local_epochs=1, probe_samples=40)
+    assert sorted(set(sweep["beta"])) == [0.0, 1.0] and len(sweep) == 2 * 2
+    axes = fk.plots.probe_panels({"DR": hist[hist["run"] == "DR"]}, ("align", "feat_dist_rel"),
+                                 references={"align": -1 / 3})
+    fig = axes[0].figure
+    assert all(ax.get_legend() is None for ax in axes) and len(fig.legends) == 1  # one legend, under the panels
+    plt.close("all")

@@ -1,0 +1,111 @@
+"""Chapters 03 and 04 over several seeds: the probed federated runs (CE, DR, FedDr+), chapter 03's
+same-global-model experiment and chapter 04's β sweep, at the chapters' default parameters.
+
+    PYTHONPATH=. python results/ch03_04_probes.py            # seeds 0 1 2, one thread (about 25 core-minutes)
+    PYTHONPATH=. python results/ch03_04_probes.py --seeds 3 4 --threads 2
+    PYTHONPATH=. python results/ch03_04_probes.py --seeds 2 --run "DR (dr)"   # only one federated run (in parallel)
+
+Each federated run is saved in ``runs/ch03_04_probes/seed<k>/<run>/`` and each seed's tables in
+``runs/ch03_04_probes/seed<k>/`` (finished runs and seeds are reused: kill and start again; ``--run``
+trains one run so that several processes can share a seed), then every finished seed is collected into
+
+* ``results/ch03_runs.csv``, ``results/ch04_runs.csv``: the runs' histories, one row per (run, seed, round);
+* ``results/ch03_same_model.csv``: one row per (seed, shared lr, draw, loss, client);
+* ``results/ch04_beta_sweep.csv``: one row per (seed, β, client);
+* ``results/ch03_04_probes.json``: the settings, which the chapters compare with their parameters
+  (a chapter run with other parameters reruns the seeds itself instead of loading these files).
+
+The settings below must stay equal to the defaults of the chapters' parameters cells.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import feddr_kit as fk
+from feddr_kit import teaching
+
+RESULTS = Path(__file__).resolve().parent
+SETTINGS = {  # = the chapters' parameters cells
+    "dataset": "cifar10", "model": "cnn", "shards_per_client": 5, "rounds": 20, "local_epochs": 1,
+    "lr_gamma": 0.1, "probe_samples": 500, "beta": 0.9,
+    "same_model_lrs": [0.01, 0.003], "same_model_draws": 2, "beta_grid": [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0],
+}
+RUNS = {"CE (fedavg)": "fedavg", "DR (dr)": "dr", "FedDr+ (beta=0.9)": "feddr+"}
+SAME = {"CE, head trained": "fedavg", "CE, frozen ETF": "fedbabu", "DR, frozen ETF": "dr"}
+
+
+def config(settings: dict = SETTINGS) -> fk.Config:
+    """The federated runs' Config (probes on every round)."""
+    return fk.Config(dataset=settings["dataset"], model=settings["model"], shards_per_client=settings["shards_per_client"],
+                     rounds=settings["rounds"], local_epochs=settings["local_epochs"], lr_gamma=settings["lr_gamma"],
+                     beta=settings["beta"], probes=True, probe_samples=settings["probe_samples"], eval_every=1,
+                     progress=False)
+
+
+def federated_run(label: str, seed: int, root: Path, data, settings: dict = SETTINGS):
+    """Run ``label`` at ``seed`` into ``root/seed<seed>/<label>/``, or load it from there when it finished."""
+    folder = root / f"seed{seed}" / label.split(" ")[0].replace("+", "plus").lower()
+    cfg = config(settings).replace(algorithm=RUNS[label], seed=seed, out_dir=str(folder), checkpoint_every=0)
+    if (folder / "summary.json").exists():
+        return fk.run(cfg, resume=True, data=data)
+    return fk.run(cfg.replace(overwrite=True), data=data)
+
+
+def one_seed(seed: int, data, root: Path, settings: dict = SETTINGS) -> dict[str, pd.DataFrame]:
+    """Every table of one seed: ``runs`` (histories), ``same_model`` and ``beta_sweep``."""
+    done = {(label, seed): federated_run(label, seed, root, data, settings) for label in RUNS}
+    histories, results = teaching.seed_runs(config(settings), RUNS, [seed], data, reuse=done)
+    same = teaching.same_model_study(results[("DR (dr)", seed)], SAME, lrs=settings["same_model_lrs"],
+                                     draws=settings["same_model_draws"], local_epochs=settings["local_epochs"],
+                                     probe_samples=settings["probe_samples"])
+    sweep = teaching.beta_sweep(results[("FedDr+ (beta=0.9)", seed)], settings["beta_grid"],
+                                local_epochs=settings["local_epochs"], probe_samples=settings["probe_samples"])
+    return {"runs": histories, "same_model": same, "beta_sweep": sweep}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--root", default=str(RESULTS.parent / "runs" / "ch03_04_probes"))
+    p.add_argument("--run", choices=list(RUNS), help="train only this federated run of each seed, then stop")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    root = Path(args.root)
+    data = fk.data.load(SETTINGS["dataset"])
+    if args.run:
+        for seed in args.seeds:
+            federated_run(args.run, seed, root, data)
+        return
+    for seed in args.seeds:
+        folder = root / f"seed{seed}"
+        if (folder / "done").exists():
+            continue
+        start = time.time()
+        tables = one_seed(seed, data, root)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, df in tables.items():
+            df.to_csv(folder / f"{name}.csv", index=False)
+        (folder / "done").write_text(f"{time.time() - start:.0f} s on {args.threads} thread(s), {platform.node()}\n")
+        print(f"seed {seed}: {time.time() - start:.0f} s", flush=True)
+    seeds = sorted(int(f.name[4:]) for f in root.glob("seed*") if (f / "done").exists())
+    tables = {name: pd.concat([pd.read_csv(root / f"seed{s}" / f"{name}.csv") for s in seeds], ignore_index=True)
+              for name in ("runs", "same_model", "beta_sweep")}
+    runs = tables["runs"]
+    runs[runs["run"].isin(["CE (fedavg)", "DR (dr)"])].to_csv(RESULTS / "ch03_runs.csv", index=False)
+    runs[runs["run"].isin(["DR (dr)", "FedDr+ (beta=0.9)"])].to_csv(RESULTS / "ch04_runs.csv", index=False)
+    tables["same_model"].to_csv(RESULTS / "ch03_same_model.csv", index=False)
+    tables["beta_sweep"].to_csv(RESULTS / "ch04_beta_sweep.csv", index=False)
+    (RESULTS / "ch03_04_probes.json").write_text(json.dumps({"settings": SETTINGS, "seeds": seeds}, indent=1) + "\n")
+    print(f"wrote results/ch03_*.csv, results/ch04_*.csv for seeds {seeds}")
+
+
+if __name__ == "__main__":
+    main()
