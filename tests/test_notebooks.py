@@ -121,31 +121,36 @@ def _papermill_results(chapter: str, parameters: dict, tmp_path: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
 def test_chapter_03_under_papermill(tmp_path):
-    """Slow (about 30 s on 2 CPU cores): chapter 03 with 4 rounds and one same-model draw writes results.json."""
-    results = _papermill_results("03_dr_forgets_unseen", {"rounds": 4, "same_model_draws": 1, "probe_samples": 200},
-                                 tmp_path)
-    assert results["config"]["parameters"]["rounds"] == 4
+    """Slow (about 1 min on 2 CPU cores): chapter 03 with 4 rounds, one seed and one same-model draw runs its
+    seeds itself (the parameters differ from results/ch03_04_probes.json) and writes results.json."""
+    results = _papermill_results("03_dr_forgets_unseen", {"rounds": 4, "same_model_draws": 1, "probe_samples": 200,
+                                                          "seeds": [0], "seed": 0}, tmp_path)
+    assert results["config"]["parameters"]["rounds"] == 4 and results["config"]["seeds_from"] == "this run"
     assert set(results["config"]["runs"]) == {"CE (fedavg)", "DR (dr)"}
     runs = results["results"]["runs_mean_over_rounds"]
     for label in ("CE (fedavg)", "DR (dr)"):
         for key in ("align_obs", "align_unobs", "acc_obs", "acc_unobs", "align_gap_obs", "acc_gap_unobs"):
             assert isinstance(runs[label][key], float)
         assert 0.0 <= results["results"]["global_acc"][label]["final_acc"] <= 1.0
-    assert set(results["results"]["same_global_model"]) == {"CE, head trained", "CE, frozen ETF", "DR, frozen ETF"}
+    for lr in ("0.01", "0.003"):
+        assert set(results["results"]["same_global_model"][lr]) == {"CE, head trained", "CE, frozen ETF", "DR, frozen ETF"}
+    # one seed: every comparison is untestable, none is decided
+    assert {c["verdict"] for c in results["results"]["claims"]} == {"untestable here"}
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
 def test_chapter_04_under_papermill(tmp_path):
-    """Slow (about 45 s on 2 CPU cores): chapter 04 with 4 rounds and a 3-value beta sweep writes results.json."""
-    results = _papermill_results("04_feature_distillation", {"rounds": 4, "beta_grid": [1.0, 0.5], "probe_samples": 200},
-                                 tmp_path)
-    assert results["config"]["parameters"]["rounds"] == 4
+    """Slow (about 1 min on 2 CPU cores): chapter 04 with 4 rounds, one seed and a 3-value beta sweep writes results.json."""
+    results = _papermill_results("04_feature_distillation", {"rounds": 4, "beta_grid": [1.0, 0.5], "probe_samples": 200,
+                                                             "seeds": [0], "seed": 0}, tmp_path)
+    assert results["config"]["parameters"]["rounds"] == 4 and results["config"]["seeds_from"] == "this run"
     # the sweep always adds plain DR (1.0) and FedDr+'s beta (0.9) to the grid it is given
     assert sorted(float(b) for b in results["results"]["beta_sweep_one_round"]) == [0.5, 0.9, 1.0]
     for label, acc in results["results"]["global_acc"].items():
         assert 0.0 <= acc["final_acc"] <= 1.0, label
-    assert {c["claim"] for c in results["results"]["claims"]} >= {"DR global accuracy below FedDr+'s (final)"}
+    claims = {c["claim"]: c for c in results["results"]["claims"]}
+    assert claims["FedDr+'s global model more accurate than DR's (final round)"]["verdict"] == "untestable here"
 
 
 @pytest.mark.slow
