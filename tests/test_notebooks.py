@@ -250,11 +250,11 @@ def test_teaching_head_tables():
     assert len(t) == 3 * (3 + 15)
 
 
-def test_local_round_probes_on_synthetic_data(tmp_path):
+def _synthetic_etf_model():
+    """4-class synthetic data, a 4-client shard partition and a cnn whose head is the simplex ETF (seed 0)."""
     import torch
 
     import feddr_kit as fk
-    from feddr_kit import teaching
 
     data = fk.data.load("synthetic", num_classes=4, train_per_class=40, test_per_class=10)
     part = fk.partition.shard(data.train_y, data.test_y, num_clients=4, shards_per_client=2, seed=0)
@@ -262,6 +262,16 @@ def test_local_round_probes_on_synthetic_data(tmp_path):
     model = fk.models.build_model("cnn", 4)
     with torch.no_grad():
         model.head.weight.copy_(fk.heads.simplex_etf(4, model.feature_dim))
+    return data, part, model
+
+
+def test_local_round_probes_on_synthetic_data(tmp_path):
+    import torch
+
+    import feddr_kit as fk
+    from feddr_kit import teaching
+
+    data, part, model = _synthetic_etf_model()
     etf = model.head.weight.detach().clone()
     df = teaching.local_round_probes(model, data, part, {"CE": "fedbabu", "DR": "dr", "Dr+": "feddr+"},
                                      clients=[0, 1], local_epochs=1, probe_samples=40)
@@ -326,17 +336,11 @@ def test_per_seed_averages_rounds_and_adds_relative_distance():
 
 def test_client_classes_agrees_with_local_round_probes():
     import numpy as np
-    import torch
 
     import feddr_kit as fk
     from feddr_kit import teaching
 
-    data = fk.data.load("synthetic", num_classes=4, train_per_class=40, test_per_class=10)
-    part = fk.partition.shard(data.train_y, data.test_y, num_clients=4, shards_per_client=2, seed=0)
-    torch.manual_seed(0)
-    model = fk.models.build_model("cnn", 4)
-    with torch.no_grad():
-        model.head.weight.copy_(fk.heads.simplex_etf(4, model.feature_dim))
+    data, part, model = _synthetic_etf_model()
     losses = {"CE": "fedbabu", "DR": "dr"}
     per_class = teaching.client_classes(model, data, part, 1, losses, local_epochs=1, probe_samples=40)
     summary = teaching.local_round_probes(model, data, part, losses, clients=[1], local_epochs=1, probe_samples=40)
