@@ -380,6 +380,15 @@ class RunSetup:
     mean_size: int
 
 
+def build_teacher(model: str, num_classes: int, algo: Algorithm, device: torch.device) -> Net:
+    """A frozen (eval, no grad) ``model`` of the global model's architecture after ``algo.adapt_model``
+    (FedETF's projection): the distillation teacher and the probes' view of the global model. Load the
+    global state into it before use (:func:`load_teacher`)."""
+    teacher = build_model(model, num_classes, head_bias=algo.head_bias).to(device)
+    algo.adapt_model(teacher)
+    return teacher.eval().requires_grad_(False)
+
+
 def prepare(cfg: Config, device: torch.device, data: ImageData | None = None,
             partition: Partition | None = None) -> RunSetup:
     """Build a run's data, partition, algorithm, models and initial global state (see :class:`RunSetup`).
@@ -397,9 +406,7 @@ def prepare(cfg: Config, device: torch.device, data: ImageData | None = None,
                         image_size=data.image_shape[1:]).to(device)
     algo.setup(model, cfg.seed)
     lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
-    teacher = build_model(cfg.model, data.num_classes, head_bias=algo.head_bias).to(device)
-    algo.adapt_model(teacher)  # same architecture as the global model (FedETF's projection)
-    teacher.eval().requires_grad_(False)
+    teacher = build_teacher(cfg.model, data.num_classes, algo, device)
     initial_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     client_idx = [torch.from_numpy(t.astype(np.int64)).to(device) for t in part.train_indices]
     counts = torch.from_numpy(part.counts("train")).float().to(device)

@@ -180,10 +180,8 @@ def finetune(result_or_state: Any, method: str | None = None, epochs: int = 5, l
         p.requires_grad_(bool(head_trained))
     teacher = None
     if algo.needs_teacher:
-        teacher = build_model(ft_cfg.model, data.num_classes, head_bias=algo.head_bias).to(dev)
-        algo.adapt_model(teacher)
+        teacher = fed.build_teacher(ft_cfg.model, data.num_classes, algo, dev)
         teacher.load_state_dict(global_state)
-        teacher.eval().requires_grad_(False)
 
     evaluator = fed.Evaluator(data, part, cfg.seed)
     idx_all = _client_indices(part, dev)
