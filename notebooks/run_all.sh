@@ -2,14 +2,13 @@
 # Re-execute the chapter notebooks in place with their default parameters, so that the stored
 # outputs are exactly what the code produces. From the repository root:
 #
-#     bash notebooks/run_all.sh                       # every chapter, 00 to 07 (about 10 min on 2 idle CPU cores)
+#     bash notebooks/run_all.sh                       # every chapter
 #     bash notebooks/run_all.sh 03_dr_forgets_unseen.ipynb   # just one
 #
 # Uses .venv/bin/python unless PYTHON is set; FEDDR_DATA_DIR defaults to ../shared/data when that
 # folder exists (as in CI), else the kit's own default (the repository's data/, downloading when online).
-# Cell timings are not recorded, and live widget outputs (each `interact` cell, progress bars) and the
-# widget state are dropped afterwards (the cell after it draws the same figure statically), so re-running gives
-# clean diffs.
+# Cell timings are not recorded, and clean_outputs.py then drops live widget outputs (each `interact` cell,
+# progress bars), the widget state and figures' text fallbacks, so re-running gives clean diffs.
 set -euo pipefail
 cd "$(dirname "$0")"
 REPO="$(cd .. && pwd)"
@@ -27,19 +26,6 @@ for nb in "${notebooks[@]}"; do
     --ExecutePreprocessor.timeout=1800 \
     --ExecutePreprocessor.record_timing=False \
     "$nb"
-  "$PY" - "$nb" <<'PY'
-import sys
-
-import nbformat
-
-path = sys.argv[1]
-nb = nbformat.read(path, as_version=4)
-for cell in nb.cells:
-    if cell.cell_type == "code":  # live widgets (interact, tqdm bars) do not survive the kernel: drop them
-        cell.outputs = [out for out in cell.get("outputs", [])
-                        if "application/vnd.jupyter.widget-view+json" not in out.get("data", {})]
-nb.metadata.pop("widgets", None)
-nbformat.write(nb, path)
-PY
+  "$PY" clean_outputs.py "$nb"  # drop live widget outputs and figures' text fallbacks
   echo "$nb: executed in $(( $(date +%s) - start )) s"
 done

@@ -1,0 +1,37 @@
+"""Tidy executed notebooks in place (run_all.sh calls it after each execution).
+
+* Live widgets (``interact``, tqdm bars) do not survive the kernel: their outputs and the notebook's
+  widget state are dropped (the cell after each widget draws the same figure statically).
+* A figure's ``text/plain`` fallback (``<Figure size 1400x480 with 4 Axes>``) is dropped where the
+  image itself is stored: it says nothing the image does not, and its ``…0x480`` reads like a memory
+  address to anyone scanning outputs for them.
+
+    python notebooks/clean_outputs.py notebooks/03_dr_forgets_unseen.ipynb [...]
+"""
+import sys
+
+import nbformat
+
+
+def clean(path: str) -> None:
+    """Rewrite the notebook at ``path`` without widget outputs, widget state or figure text fallbacks."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "application/vnd.jupyter.widget-view+json" in data:
+                continue
+            if "image/png" in data and str(data.get("text/plain", "")).startswith("<Figure size"):
+                del data["text/plain"]
+            outputs.append(out)
+        cell.outputs = outputs
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, path)
+
+
+if __name__ == "__main__":
+    for p in sys.argv[1:]:
+        clean(p)
