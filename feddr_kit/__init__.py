@@ -6,10 +6,10 @@
 """
 import importlib
 
-from . import errors, data, partition, heads, losses, models, algorithms, engine, probes, sweep, personalize, paper
+from . import errors, data, partition, heads, losses, models, algorithms, engine, probes, instruments, sweep, personalize, paper
 from .config import Config
 from .errors import FeddrKitError
-from .federated import Result, run
+from .federated import Result, beta_scaled_dr, run
 
 # Imported on first use (fk.plots, fk.stats, ...): matplotlib, seaborn and scipy take seconds to
 # load, which every command-line run and test subprocess would otherwise pay without using them.
@@ -26,6 +26,6 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["Config", "Result", "run", "FeddrKitError", "data", "partition", "heads", "losses", "models",
-           "algorithms", "engine", "probes", "plots", "teaching", "stats", "sweep", "personalize", "paper", "errors"]
+__all__ = ["Config", "Result", "run", "beta_scaled_dr", "FeddrKitError", "data", "partition", "heads", "losses", "models",
+           "algorithms", "engine", "probes", "instruments", "plots", "teaching", "stats", "sweep", "personalize", "paper", "errors"]
 __version__ = "0.1.0"

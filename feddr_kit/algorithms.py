@@ -19,6 +19,7 @@ from torch import nn
 from . import heads, losses
 from .config import Config
 from .errors import FeddrKitError
+from .instruments import GradientRatios
 from .models import EVAL_BATCH_SIZE, Net, eval_order
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ class ClientContext:
     class_counts: torch.Tensor  # float32 [C], the client's training label histogram
     global_state: dict[str, torch.Tensor]  # the round's global model (read-only)
     extra: dict = field(default_factory=dict)  # per-client scratch space for hooks
+    # When set, local training records the regularizer:task gradient ratios of every step here
+    # (the evaluated rounds of a run with a regularizer; see feddr_kit.instruments).
+    gradients: GradientRatios | None = None
 
 
 class Algorithm:
@@ -160,8 +164,10 @@ class Algorithm:
             return losses.prox([params[n] for n in names], [ctx.global_state[n] for n in names], self.cfg.mu)
         raise FeddrKitError(f"regularizer must be one of none, prox, kd, ntd, ld, fd, got {r!r}")
 
-    def loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
-        """``β·L_alg + (1-β)·L_reg`` with a regularizer (the paper's Table 1), else ``L_alg``.
+    def loss_terms(self, model: Net, b: Batch, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The two weighted terms of the local loss, ``(β·L_alg, (1-β)·L_reg)`` with a regularizer (the
+        paper's Table 1), else ``(L_alg, None)``; two scalars. :meth:`loss` is their sum, and the gradient
+        ratio of the two is what :mod:`feddr_kit.instruments` records.
 
         In the batched engine this runs under ``torch.func.vmap``, once per step for all clients:
         ``model``'s parameters and ``ctx.class_counts`` are then the client's own, ``ctx.global_state``,
@@ -171,9 +177,15 @@ class Algorithm:
         """
         task = self.task_loss(model, b, ctx)
         if self.regularizer == "none":
-            return task
+            return task, None
         beta = self.cfg.beta
-        return beta * task + (1.0 - beta) * self.regularizer_loss(model, b, ctx)
+        return beta * task, (1.0 - beta) * self.regularizer_loss(model, b, ctx)
+
+    def loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
+        """The local loss, a scalar: ``β·L_alg + (1-β)·L_reg`` with a regularizer, else ``L_alg``
+        (the sum of :meth:`loss_terms`, whose constraints it shares)."""
+        task, reg = self.loss_terms(model, b, ctx)
+        return task if reg is None else task + reg
 
     # ------------------------------------------------------------------ hooks (no-ops by default)
     def num_local_steps(self, steps: int) -> int:

@@ -29,6 +29,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from . import federated as fed
+from . import instruments
 from .algorithms import Algorithm, ClientContext
 from .config import Config
 from .data import ImageData
@@ -108,7 +109,9 @@ class _ClientLoss(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, teacher, algo, x, y, ctx):
+    def forward(self, teacher, algo, x, y, ctx, measure: bool = False):
+        if measure:  # (loss, reg, feature-gradient norms): what the instruments need
+            return fed.measured_terms(self.model, teacher, algo, x, y, ctx)
         return fed.client_loss(self.model, teacher, algo, x, y, ctx)
 
 
@@ -176,12 +179,20 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
                   if n not in names and t.is_floating_point()}
         teacher = copy.deepcopy(teacher).to(low) if algo.needs_teacher else teacher
 
+    # A measured round (ctx.gradients set) also returns each client's regularizer term and feature-gradient
+    # norms, and takes the regularizer's gradient w.r.t. the body stacks: see feddr_kit.instruments.
+    measure = ctxs[0].gradients is not None and algo.regularizer != "none"
+    body = set(fed.body_parameter_names(model))
+    body_rows = [i for i, n in enumerate(names) if n in body]
+    if measure:
+        ratio_sums = torch.zeros(2, m, dtype=torch.float64, device=device)  # features, body
+
     def one_client(params, x, y, class_counts):
         ctx = ClientContext(client=-1, round=ctxs[0].round, lr=lr, num_samples=-1, num_steps=-1,
                             class_counts=class_counts, global_state=global_state)
         if low is not None:
             params, x = {n: p.to(low) for n, p in params.items()}, x.to(low)
-        return functional_call(step_module, {**params, **shared}, (teacher, algo, x, y, ctx))
+        return functional_call(step_module, {**params, **shared}, (teacher, algo, x, y, ctx, measure))
 
     losses_of = vmap(one_client)
     on_device: dict[tuple, torch.Tensor] = {}  # row selections and masks, copied to the device once each
@@ -207,7 +218,8 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
         by_size: dict[int, list[int]] = {}
         for i, (x, _) in drawn.items():
             by_size.setdefault(x.shape[0], []).append(i)
-        total = 0.0
+        total = reg_total = 0.0
+        feature_norms = torch.ones(2, m, device=device) if measure else None  # task, reg (1, 1 off the step)
         for rows in by_size.values():  # one vmapped forward per batch size: no padding anywhere
             x = torch.stack([drawn[i][0] for i in rows])
             y = torch.stack([drawn[i][1] for i in rows])
@@ -216,15 +228,28 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
             else:
                 sel = device_tensor(tuple(rows))
                 params = [s[sel] for s in stacks]
-            loss = losses_of({f"model.{n}": p for n, p in zip(names, params)}, x, y,
-                             counts if sel is None else counts[sel])
+            out = losses_of({f"model.{n}": p for n, p in zip(names, params)}, x, y,
+                            counts if sel is None else counts[sel])
+            if measure:
+                loss, reg, (task_norm, reg_norm) = out
+                reg_total = reg_total + reg.sum()
+                feature_norms[:, sel if sel is not None else slice(None)] = torch.stack([task_norm, reg_norm]).float()
+            else:
+                loss = out
             if sel is None:
                 totals += loss.detach()
             else:
                 totals[sel] += loss.detach()
             total = total + loss.sum()
-        grads = list(torch.autograd.grad(total, stacks, allow_unused=True, materialize_grads=True))
+        grads = list(torch.autograd.grad(total, stacks, allow_unused=True, materialize_grads=True,
+                                         retain_graph=measure))
         active = [i in drawn for i in range(m)]
+        if measure:
+            reg_grads = torch.autograd.grad(reg_total, [stacks[i] for i in body_rows], allow_unused=True)
+            body_norms = instruments.split_norms([grads[i] for i in body_rows], reg_grads, stacked=True)
+            took = device_tensor(tuple(active))
+            step_ratios = torch.stack([feature_norms[1] / feature_norms[0], body_norms[1] / body_norms[0]]).double()
+            ratio_sums += torch.where(took, step_ratios, torch.zeros((), dtype=torch.float64, device=device))
         algo.before_step_batched(dict(zip(names, grads)), ctxs, active)
         mask = None if all(active) else device_tensor(tuple(active))
         sgd_step(stacks, grads, bufs, lr, cfg.momentum, cfg.weight_decay, mask)
@@ -232,6 +257,9 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
     means = [t / max(s, 1) for t, s in zip(totals.tolist(), steps)]  # the round's one read-back
     for mean, ctx in zip(means, ctxs):
         fed.check_local_loss(mean, ctx)
+    if measure:
+        for i, ctx in enumerate(ctxs):
+            ctx.gradients.add_sums(ratio_sums[0, i], ratio_sums[1, i], steps[i])
     trained = [live[n] for n in names]
     for i, mean in enumerate(means):
         with torch.no_grad():

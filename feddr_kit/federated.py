@@ -15,6 +15,7 @@ and :func:`next_global_state` (aggregation), :func:`evaluate_global`, :func:`sav
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import engine as engine_mod
+from . import instruments
 from . import partition as partition_mod
 from . import probes as probes_mod
 from . import rundir
@@ -250,7 +252,8 @@ def forward_all(model: Net, algo: Algorithm, data: ImageData, x: torch.Tensor,
 
 
 class Evaluator:
-    """Global test accuracy and the mean over clients of accuracy on each client's local test set.
+    """Global test accuracy, the mean over clients of accuracy on each client's local test set, and the
+    global model's ``feature_norm``: the mean norm ``‖f(x)‖`` of its raw features over the test set.
 
     A model without batch-statistics BatchNorm is evaluated in one pass over the test set in its
     stored order (the order cannot change its outputs). A batch-statistics model (mobilenet) sees the
@@ -295,17 +298,18 @@ class Evaluator:
     def __call__(self, model: Net, algo: Algorithm) -> dict[str, float]:
         if model.batch_stat_norm:
             return self._batch_stat(model, algo)
-        _, logits = forward_all(model, algo, self.data, self.data.test_x)
+        h, logits = forward_all(model, algo, self.data, self.data.test_x)
         correct = (logits.argmax(1) == self.data.test_y).float()
         # Each client's local test set is a subset of the test set, so one pass serves all of them.
         # scatter_add_ into a 1-D tensor, not a weighted bincount: it has a deterministic CUDA kernel.
         hits = correct.new_zeros(self.num_clients).scatter_add_(0, self.client_of, correct[self.flat_idx])
         sizes = torch.bincount(self.client_of, minlength=self.num_clients).clamp(min=1)
-        return {"test_acc": float(correct.mean()), "local_test_acc": float((hits / sizes).mean())}
+        return {"test_acc": float(correct.mean()), "local_test_acc": float((hits / sizes).mean()),
+                "feature_norm": float(h.norm(dim=1).mean())}
 
     def _batch_stat(self, model: Net, algo: Algorithm) -> dict[str, float]:
         x, y = self.data.test_x, self.data.test_y
-        _, logits = forward_all(model, algo, self.data, x, self.global_order())
+        h, logits = forward_all(model, algo, self.data, x, self.global_order())
         local = []
         for k in range(self.num_clients):
             idx = self.client_order(k).to(x.device)
@@ -314,7 +318,8 @@ class Evaluator:
                 continue
             _, z = forward_all(model, algo, self.data, x[idx])
             local.append(float((z.argmax(1) == y[idx]).float().mean()))
-        return {"test_acc": float((logits.argmax(1) == y).float().mean()), "local_test_acc": float(np.mean(local))}
+        return {"test_acc": float((logits.argmax(1) == y).float().mean()), "local_test_acc": float(np.mean(local)),
+                "feature_norm": float(h.norm(dim=1).mean())}
 
 
 # --------------------------------------------------------------------------- the run
@@ -380,6 +385,33 @@ class RunSetup:
     mean_size: int
 
 
+def initial_lr(cfg: Config) -> float:
+    """The initial lr ``lr0`` of ``cfg``'s schedule: ``cfg.lr``, or when None the algorithm's default for
+    the model (:attr:`Algorithm.default_lr`, chosen by ``results/lr_grid.py``)."""
+    return cfg.lr if cfg.lr is not None else get_algorithm(cfg).initial_lr(cfg.model)
+
+
+def beta_scaled_dr(cfg: Config, out_dir: str | None = None) -> Config:
+    """The control arm of a FedDr+ comparison: plain DR (no regularizer) at ``lr0 · β``, all else as ``cfg``.
+
+    FedDr+'s loss is ``β·L_DR + (1-β)·L_FD``. When the FD term's gradient is negligible (features of
+    small norm; see :mod:`feddr_kit.instruments`), FedDr+ is DR with its step scaled by β, and a
+    FedDr+ gain over DR may be nothing but a smaller step. A claim about feature distillation holds
+    only if FedDr+ also beats this control. ``cfg`` is a FedDr+ config (``algorithm="feddr+"``, or
+    ``"dr"`` with ``regularizer="fd"``); ``lr0`` is :func:`initial_lr`'s. Returns a new config, with
+    ``out_dir`` (default None: nothing saved) so that it never writes into the FedDr+ run's folder.
+    """
+    is_feddr = (cfg.algorithm == "feddr+" and cfg.regularizer in (None, "fd")) or \
+        (cfg.algorithm == "dr" and cfg.regularizer == "fd")
+    if not is_feddr:
+        raise FeddrKitError(f"beta_scaled_dr: the control is defined for FedDr+ (algorithm='feddr+', or 'dr' with "
+                            f"regularizer='fd'), got algorithm={cfg.algorithm!r}, regularizer={cfg.regularizer!r}")
+    if cfg.beta == 0:
+        raise FeddrKitError("beta_scaled_dr: beta=0 leaves no DR term, so its control would train at lr 0; "
+                            "compare beta=0 with DR directly")
+    return cfg.replace(algorithm="dr", regularizer="none", lr=initial_lr(cfg) * cfg.beta, out_dir=out_dir)
+
+
 def build_teacher(model: str, num_classes: int, algo: Algorithm, device: torch.device) -> Net:
     """A frozen (eval, no grad) ``model`` of the global model's architecture after ``algo.adapt_model``
     (FedETF's projection): the distillation teacher and the probes' view of the global model. Load the
@@ -405,7 +437,7 @@ def prepare(cfg: Config, device: torch.device, data: ImageData | None = None,
     model = build_model(cfg.model, data.num_classes, head_bias=algo.head_bias,
                         image_size=data.image_shape[1:]).to(device)
     algo.setup(model, cfg.seed)
-    lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
+    lr0 = initial_lr(cfg)
     teacher = build_teacher(cfg.model, data.num_classes, algo, device)
     initial_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     client_idx = [torch.from_numpy(t.astype(np.int64)).to(device) for t in part.train_indices]
@@ -435,12 +467,17 @@ def plan_round(cfg: Config, lr0: float, round: int, part: Partition) -> RoundPla
 
 
 def client_context(setup: RunSetup, client: int, round: int, lr: float,
-                   global_state: dict[str, torch.Tensor]) -> ClientContext:
-    """The :class:`ClientContext` of ``client`` in round ``round`` at ``lr``, from the received ``global_state``."""
+                   global_state: dict[str, torch.Tensor], measure: bool = False) -> ClientContext:
+    """The :class:`ClientContext` of ``client`` in round ``round`` at ``lr``, from the received ``global_state``.
+
+    ``measure``: record the regularizer:task gradient ratios of its steps in ``ctx.gradients`` (the
+    evaluated rounds, :attr:`RoundPlan.evaluating`); nothing is recorded without a regularizer.
+    """
     n = len(setup.partition.train_indices[client])
+    gradients = instruments.GradientRatios() if measure and setup.algo.regularizer != "none" else None
     return ClientContext(client=client, round=round, lr=lr, num_samples=n,
                          num_steps=setup.algo.num_local_steps(local_steps(n, setup.cfg, setup.mean_size)),
-                         class_counts=setup.counts[client], global_state=global_state)
+                         class_counts=setup.counts[client], global_state=global_state, gradients=gradients)
 
 
 def train_clients(setup: RunSetup, ctxs: list[ClientContext], engine: str | None = None
@@ -539,7 +576,7 @@ def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: di
 
         average = new_average(global_state)
         averaged_local = [local_state[n] for n in average]  # live views: they hold each client's weights in turn
-        ctxs = [client_context(setup, k, t, plan.lr, global_state) for k in plan.clients]
+        ctxs = [client_context(setup, k, t, plan.lr, global_state, measure=plan.evaluating) for k in plan.clients]
         uploads, losses_, probe_rows = [], [], []
         for (ctx, loss, upload), w in zip(train_clients(setup, ctxs), plan.weights):  # model holds ctx.client's state
             losses_.append(loss)
@@ -555,6 +592,7 @@ def _run(cfg: Config, device: torch.device, out_dir: Path | None, checkpoint: di
 
         if plan.evaluating:
             row = evaluate_global(setup, evaluator, global_state, plan, losses_)
+            row.update(instruments.round_ratios([c.gradients for c in ctxs]))
             seconds = time.perf_counter() - t0
             row["seconds"] = seconds
             if probe_rows:
@@ -587,32 +625,67 @@ def finish_run(setup: RunSetup, global_state: dict[str, torch.Tensor], rows: lis
     return Result(setup.cfg, history, summary, setup.model, setup.algo, setup.partition, setup.data, out_dir)
 
 
-def client_loss(model: Net, teacher: Net | None, algo: Algorithm, x: torch.Tensor, y: torch.Tensor,
-                ctx: ClientContext) -> torch.Tensor:
-    """The algorithm's loss (a scalar) of ``model`` on a normalized batch ``x`` ``[B,3,H,W]``, labels ``y`` ``[B]``.
-
-    Forward, then the teacher's features/logits when the algorithm needs them (``teacher`` holds the
-    round's global model), then ``algo.loss``. Both engines call it (the batched one under vmap).
-    """
+def client_batch(model: Net, teacher: Net | None, algo: Algorithm, x: torch.Tensor, y: torch.Tensor) -> Batch:
+    """The :class:`Batch` of a normalized batch ``x`` ``[B,3,H,W]`` with labels ``y`` ``[B]``: ``model``'s
+    features and logits, and the teacher's (``teacher`` holds the round's global model) when the
+    algorithm needs them."""
     h = model.features(x)
     b = Batch(x=x, y=y, h=h, z=algo.logits(model, h))
     if algo.needs_teacher:
         with torch.no_grad():
             b.h_g = teacher.features(x)
             b.z_g = algo.logits(teacher, b.h_g)
-    return algo.loss(model, b, ctx)
+    return b
+
+
+def client_loss(model: Net, teacher: Net | None, algo: Algorithm, x: torch.Tensor, y: torch.Tensor,
+                ctx: ClientContext) -> torch.Tensor:
+    """The algorithm's loss (a scalar) of ``model`` on a normalized batch ``x`` ``[B,3,H,W]``, labels ``y`` ``[B]``:
+    ``algo.loss`` on :func:`client_batch`. Both engines call it (the batched one under vmap)."""
+    return algo.loss(model, client_batch(model, teacher, algo, x, y), ctx)
+
+
+def measured_terms(model: Net, teacher: Net | None, algo: Algorithm, x: torch.Tensor, y: torch.Tensor,
+                   ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`client_loss` of a measured step, with what the instruments need: ``(loss, reg, (‖∂task/∂h‖,
+    ‖∂reg/∂h‖))``, all scalars, ``loss`` bit for bit :func:`client_loss`'s (``algo.loss_terms`` summed).
+    Both engines call it (the batched one under vmap); the algorithm must have a regularizer."""
+    b = client_batch(model, teacher, algo, x, y)
+    task, reg = algo.loss_terms(model, b, ctx)
+
+    def terms_of(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return algo.loss_terms(model, dataclasses.replace(b, h=h, z=algo.logits(model, h)), ctx)
+
+    return task + reg, reg, instruments.feature_gradient_norms(terms_of, b.h)
+
+
+def body_parameter_names(model: Net) -> list[str]:
+    """Names of the body's trainable parameters (``body.…``, in ``named_parameters`` order): where the
+    instruments measure the gradient ratio with respect to the parameters."""
+    return [n for n, p in model.named_parameters() if n.startswith("body.") and p.requires_grad]
 
 
 def local_step(model: Net, teacher: Net | None, algo: Algorithm, opt: torch.optim.Optimizer,
                x: torch.Tensor, y: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
     """One local SGD step on a normalized batch ``x`` ``[B,3,H,W]`` with labels ``y`` ``[B]``.
 
-    :func:`client_loss`, backward, the algorithm's gradient hook, the optimizer step.
+    :func:`client_loss`, backward, the algorithm's gradient hook, the optimizer step. When
+    ``ctx.gradients`` is set (a measured round of a run with a regularizer), the step also adds its
+    gradient ratios to it (:mod:`feddr_kit.instruments`); the update is the same either way.
     Returns the detached loss (a scalar tensor).
     """
-    loss = client_loss(model, teacher, algo, x, y, ctx)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
+    if ctx.gradients is None or algo.regularizer == "none":
+        loss = client_loss(model, teacher, algo, x, y, ctx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    else:
+        loss, reg, feature_norms = measured_terms(model, teacher, algo, x, y, ctx)
+        params = dict(model.named_parameters())
+        body = [params[n] for n in body_parameter_names(model)]
+        reg_grads = torch.autograd.grad(reg, body, retain_graph=True, allow_unused=True)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        ctx.gradients.add(feature_norms, instruments.split_norms([p.grad for p in body], reg_grads))
     algo.before_step(model, ctx)
     opt.step()
     return loss.detach()

@@ -46,6 +46,7 @@ import torch
 
 from . import engine as engine_mod
 from . import federated as fed
+from . import instruments
 from .config import Config
 from .data import ImageData
 from .errors import FeddrKitError
@@ -61,6 +62,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
                       "(flwr[simulation]==1.42.*)") from err
 
 PARTITION_ID = "partition-id"  # the node_config key Flower's simulation sets, and SuperNodes get
+GRADIENTS = "gradient-ratios."  # prefix of a client's instrument sums in its reply's metrics
 CLIENT_STATE = "feddr-client-state"  # the key of a client's persistent state in context.state
 UNSUPPORTED = {"probes": True, "engine": "batched"}
 
@@ -188,10 +190,13 @@ def client_train(msg: Message, context: Context) -> Message:
         algo.set_client_state(client, from_record(own, setup.device))
         if algo.needs_teacher:
             fed.load_teacher(setup, global_state)
-        ctx = fed.client_context(setup, client, int(conf["round"]), float(conf["lr"]), global_state)
+        ctx = fed.client_context(setup, client, int(conf["round"]), float(conf["lr"]), global_state,
+                                 measure=bool(conf["measure"]))
         [(ctx, loss, upload)] = list(fed.train_clients(setup, [ctx], engine="serial"))
         context.state[CLIENT_STATE] = to_record(algo.client_state(client))
         scalars, arrays = pack_uploads(algo, upload)
+        if ctx.gradients is not None:  # the instruments' per-client sums, sent as exact float64s
+            scalars.update({f"{GRADIENTS}{k}": v for k, v in ctx.gradients.as_floats().items()})
         reply = RecordDict({
             "state": to_record(setup.model.state_dict()),
             "metrics": MetricRecord({PARTITION_ID: client, "num-examples": ctx.num_samples, "train-loss": loss, **scalars}),
@@ -221,6 +226,7 @@ class KitStrategy(Strategy):
         self.nodes: dict[int, int] = {}  # partition id -> node id
         self.plan: fed.RoundPlan | None = None
         self.losses: list[float] = []
+        self.gradients: list[instruments.GradientRatios | None] = []  # the round's clients' gradient-ratio sums
         self._t0 = 0.0
         self.first_round_start: float | None = None  # wall-clock time (time.time()) round 1 began
 
@@ -259,7 +265,8 @@ class KitStrategy(Strategy):
         self.plan = fed.plan_round(self.cfg, self.setup.lr0, t, self.setup.partition)
         broadcast = to_record(self.setup.algo.broadcast())
         return [Message(RecordDict({"global": arrays, "broadcast": broadcast,
-                                    "config": ConfigRecord({"round": t, "lr": self.plan.lr, "client": k})}),
+                                    "config": ConfigRecord({"round": t, "lr": self.plan.lr, "client": k,
+                                                            "measure": self.plan.evaluating})}),
                         dst_node_id=self.nodes[k], message_type=MessageType.TRAIN, group_id=str(server_round))
                 for k in self.plan.clients]
 
@@ -274,13 +281,15 @@ class KitStrategy(Strategy):
         if missing:
             raise FeddrKitError(f"round {server_round}: no reply from client(s) {missing}")
         average = fed.new_average(self.global_state)
-        uploads, self.losses = [], []
+        uploads, self.losses, self.gradients = [], [], []
         for k, w in zip(plan.clients, plan.weights):  # the sample's order: the kit's float sums
             content = by_client[k]
             state = from_record(content["state"], setup.device)
             fed.accumulate(average, [state[n] for n in average], w)
             uploads.append(unpack_uploads(setup.algo, content, setup.device))
             self.losses.append(float(content["metrics"]["train-loss"]))
+            sums = {key[len(GRADIENTS):]: v for key, v in content["metrics"].items() if key.startswith(GRADIENTS)}
+            self.gradients.append(instruments.GradientRatios.from_floats(sums) if sums else None)
         self.global_state = fed.next_global_state(setup.algo, self.global_state, average, uploads, plan.weights,
                                                   plan.round)
         fed.finish_round(setup, self.global_state, plan.round)
@@ -307,6 +316,7 @@ class KitStrategy(Strategy):
         row = None
         if plan.evaluating:
             row = fed.evaluate_global(self.setup, self.evaluator, self.global_state, plan, self.losses)
+            row.update(instruments.round_ratios(self.gradients))
             row["seconds"] = time.perf_counter() - self._t0
             self.rows.append(row)
             if self.callback is not None:

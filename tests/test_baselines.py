@@ -42,7 +42,9 @@ def context(global_state: dict, client: int = 1, lr: float = 0.1, classes: int =
 
 
 def history(result) -> pd.DataFrame:
-    return result.history.drop(columns=["seconds"])
+    """The training record: the history without wall time and without the gradient-ratio instruments
+    (recorded only with a regularizer, so absent from a run without one)."""
+    return result.history.drop(columns=["seconds", *fk.instruments.COLUMNS], errors="ignore")
 
 
 # --------------------------------------------------------------------------- FedExP
