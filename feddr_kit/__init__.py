@@ -6,7 +6,7 @@
 """
 import importlib
 
-from . import errors, data, partition, heads, losses, models, algorithms, engine, probes, instruments, sweep, personalize, paper
+from . import errors, data, partition, heads, losses, models, methods, algorithms, engine, probes, instruments, sweep, personalize, paper
 from .config import Config
 from .errors import FeddrKitError
 from .federated import Result, beta_scaled_dr, run
