@@ -318,7 +318,7 @@ def test_resume_of_a_checkpoint_that_saved_regularizer_none(synthetic, tmp_path)
     straight = fk.run(cfg.replace(out_dir=str(tmp_path / "straight"), rounds=3), data=synthetic)
     fk.run(cfg, data=synthetic)
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    ckpt["config"]["regularizer"] = None  # as versions before issue 10 saved it
+    ckpt["config"]["regularizer"] = None  # as older versions saved it (before a run recorded the regularizer it used)
     torch.save(ckpt, tmp_path / "checkpoint.pt")
     with pytest.warns(UserWarning, match="resuming with rounds=3 instead of 2"):
         resumed = fk.run(cfg.replace(rounds=3), data=synthetic, resume=True)
