@@ -224,6 +224,12 @@ def local_step(model: Net, teacher: Net | None, algo: Algorithm, opt: torch.opti
     return loss.detach()
 
 
+def client_optimizer(params: list[torch.Tensor], lr: float, cfg: Config) -> torch.optim.SGD:
+    """A client's local optimizer: SGD over ``params`` at ``lr``, with ``cfg``'s momentum and weight decay
+    (fresh for every client and round: no momentum carries over)."""
+    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
 def train_client(model: Net, teacher: Net | None, algo: Algorithm, data: ImageData, idx: torch.Tensor,
                  ctx: ClientContext, cfg: Config, device: torch.device, gen: torch.Generator | None = None) -> float:
     """Local training of one client, from the state already loaded into ``model``.
@@ -238,7 +244,7 @@ def train_client(model: Net, teacher: Net | None, algo: Algorithm, data: ImageDa
     """
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=ctx.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = client_optimizer(params, ctx.lr, cfg)
     if gen is None:
         gen = client_generator(cfg.seed, ctx.round, ctx.client, device)
     algo.client_start(model, ctx)

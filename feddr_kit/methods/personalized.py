@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..clients import Clients
-from ..local import ClientContext, client_context, local_step, train_client
+from ..local import ClientContext, client_context, client_optimizer, local_step, train_client
 from ..models import Net
 from ..streams import PERSONALIZED_EVAL_ROUND
 from .base import Algorithm, CrossEntropyOf, register
@@ -288,8 +288,7 @@ class Ditto(PersonalizedAlgorithm):
         self.personal.load_state_dict(self.client_state(ctx.client))
         self.personal.train()
         params = dict(self.personal.named_parameters())
-        opt = torch.optim.SGD([params[n] for n in self.trainable_names], lr=ctx.lr, momentum=self.cfg.momentum,
-                              weight_decay=self.cfg.weight_decay)
+        opt = client_optimizer([params[n] for n in self.trainable_names], ctx.lr, self.cfg)
         ctx.state = _DittoClient(opt, dataclasses.replace(ctx, gradients=None))
 
     def before_step(self, model: Net, ctx: ClientContext) -> None:
