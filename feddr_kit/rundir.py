@@ -290,10 +290,10 @@ def read_checkpoint(out_dir: Path, cfg, default_regularizer: str) -> dict:
         raise FeddrKitError(f"rounds: {done} rounds are already done in {path}; resume with rounds >= {done}")
     if saved["rounds"] != cfg.rounds:
         warnings.warn(f"resuming with rounds={cfg.rounds} instead of {saved['rounds']}: the lr schedule is recomputed",
-                      stacklevel=4)
+                      stacklevel=5)
     if saved.get("lr") != cfg.lr:
         warnings.warn(f"resuming with lr={cfg.lr} instead of {saved.get('lr')} from round {done + 1} on",
-                      stacklevel=4)
+                      stacklevel=5)
     return ckpt
 
 
