@@ -54,10 +54,10 @@ class Batch:
 class ClientContext:
     """What a client's local training knows: who it is, the round, its data and the global model.
 
-    Built by :func:`client_context`. ``optimizer`` and ``batch`` are set by :func:`local_step` before the hooks of each step run: the optimizer taking the
-    step and the step's normalized images ``[B,3,H,W]`` and labels ``[B]``. ``state`` belongs to the
-    algorithm: its per-client scratch for this round (each method its own small dataclass, set in
-    :meth:`feddr_kit.methods.base.Algorithm.client_start`).
+    Built by :func:`client_context`. ``optimizer`` and ``batch`` are set by :func:`local_step` before
+    the hooks of each step run: the optimizer taking the step, and the step's normalized images
+    ``[B,3,H,W]`` and labels ``[B]``. ``state`` belongs to the algorithm: its per-client scratch for
+    this round (each method its own small dataclass, set in ``Algorithm.client_start``).
     """
 
     client: int
@@ -77,11 +77,9 @@ class ClientContext:
     def vmapped(self, class_counts: torch.Tensor) -> "ClientContext":
         """What a loss sees of this round's clients under the batched engine's ``vmap``: the shared
         ``round``, ``lr`` and ``global_state``, a client's own ``class_counts`` ``[C]``, and -1 where
-        the value differs between clients and cannot be a Python number (see :meth:`feddr_kit.methods.base.Algorithm.loss_terms`)."""
+        the value differs between clients and cannot be a Python number (see ``Algorithm.loss_terms``)."""
         return ClientContext(client=-1, round=self.round, lr=self.lr, num_samples=-1, num_steps=-1,
                              class_counts=class_counts, global_state=self.global_state)
-
-
 
 
 # --------------------------------------------------------------------------- steps and batches
