@@ -27,5 +27,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["Config", "Result", "run", "beta_scaled_dr", "FeddrKitError", "data", "partition", "heads", "losses", "models",
-           "algorithms", "engine", "probes", "instruments", "plots", "teaching", "stats", "sweep", "personalize", "paper", "errors"]
+           "methods", "algorithms", "engine", "probes", "instruments", "plots", "teaching", "stats", "sweep", "personalize", "paper", "errors"]
 __version__ = "0.1.0"
