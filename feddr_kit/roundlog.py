@@ -29,7 +29,7 @@ from .schedule import RoundPlan
 
 @dataclass
 class Result:
-    """What :func:`run` returns.
+    """What :func:`feddr_kit.run` returns (and the Flower apps' :func:`feddr_kit.flower.run_on_grid`).
 
     ``history``: one row per evaluated round (``round``, ``lr``, ``test_acc``, ``local_test_acc``,
     ``feature_norm``, ``train_loss``, ``seconds``, and the instruments', probes' and personalized
@@ -93,7 +93,7 @@ def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr
 
 
 class RoundLog:
-    """The record of a run, the same for :func:`run` and for Flower's strategy: each round's time, the
+    """The record of a run, the same for :func:`feddr_kit.run` and for Flower's strategy: each round's time, the
     history rows of the evaluated rounds, the callback, the checkpoints and, at the end, the :class:`Result`.
 
     With ``out_dir`` it writes ``config.json`` at once, ``history.csv`` and ``checkpoint.pt`` when a
