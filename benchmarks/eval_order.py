@@ -1,9 +1,9 @@
-"""How much the evaluation order moves a batch-statistics model's accuracy (issue 9).
+"""How much the evaluation order moves a batch-statistics model's accuracy.
 
 MobileNet's BatchNorm uses batch statistics at eval time. On data stored sorted by class (the
 image-folder CIFAR-10), batches taken in stored order hold one class each. This script evaluates
-the same MobileNet two ways: in stored (class-sorted) batches, as the kit did before issue 9, and
-in the fixed seeded shuffle it uses now (``models.eval_order``). It does this once at random init
+the same MobileNet two ways: in stored (class-sorted) batches, as the kit once did, and
+in the fixed seeded shuffle it uses now (``streams.eval_order``). It does this once at random init
 and once after a short FedAvg run, and prints both accuracies and the share of predictions that
 differ. The defaults are a CPU-sized slice of real CIFAR-10 (``--per-class-test 100`` test images
 per class, a 400-per-class train subset, 3 rounds). Raise them on a GPU.

@@ -1,4 +1,4 @@
-"""The GPU check of issue 11, one script of at most ~8 minutes: round times at paper shapes and reproducibility.
+"""The GPU check, one script of at most ~8 minutes: round times at paper shapes and reproducibility.
 
 Writes JSON lines to ``$OUT/gpu_check.jsonl`` (or ``--out``) as it goes, so a run cut short still
 leaves what it measured, and the round-time CSV to ``$OUT/round_time_<gpu>.csv``:

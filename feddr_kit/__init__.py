@@ -6,7 +6,7 @@
 """
 import importlib
 
-from . import errors, data, partition, heads, losses, models, algorithms, engine, probes, instruments, sweep, personalize, paper
+from . import errors, data, partition, heads, losses, models, methods, algorithms, engine, probes, instruments, sweep, personalize, paper
 from .config import Config
 from .errors import FeddrKitError
 from .federated import Result, beta_scaled_dr, run
@@ -27,5 +27,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["Config", "Result", "run", "beta_scaled_dr", "FeddrKitError", "data", "partition", "heads", "losses", "models",
-           "algorithms", "engine", "probes", "instruments", "plots", "teaching", "stats", "sweep", "personalize", "paper", "errors"]
+           "methods", "algorithms", "engine", "probes", "instruments", "plots", "teaching", "stats", "sweep", "personalize", "paper", "errors"]
 __version__ = "0.1.0"

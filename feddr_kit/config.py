@@ -1,8 +1,18 @@
 """``Config``: every setting of a federated run, with defaults at the CPU teaching scale.
 
 The defaults run the paper's central setting shrunk to two CPU cores: real CIFAR-10, 100 clients,
-shards of 2 classes each, 10 clients per round, the small ``cnn``. Paper-scale values are given in
-each field's comment (spec §0). Validation names the bad field and what is allowed.
+shards of 2 classes each, 10 clients per round, the small ``cnn``. Paper-scale values (the paper's
+and its reference code's) are given in each field's help. Validation names the bad field and what is
+allowed.
+
+The methods' own settings (``mu``, ``tau``, ``fedexp_*``, ``scaffold_zero_head_grad``,
+``fedrep_head_epochs``, ``ditto_lambda``, ``perfedavg_beta``, ``spherefed_calibration``) are fields
+here too, each named after the method that reads it, rather than a per-method mapping. One flat
+namespace of scalars is what everything that carries a config shares: the command line has one
+``--flag`` per field, a Flower run config holds only flat bool/int/float/str values, a sweep grid
+varies any field by name, and ``config.json`` / the checkpoint's config are compared field by field
+when a run resumes. A method reads only its own fields, and every field is validated here with its
+name, so a typo is an error and not a silently ignored key.
 """
 from __future__ import annotations
 
@@ -25,6 +35,18 @@ REGULARIZERS = ("none", "prox", "kd", "ntd", "ld", "fd")
 DEVICES = ("auto", "cpu", "cuda")
 ENGINES = ("auto", "serial", "batched")
 PRECISIONS = ("fp32", "bf16")
+# Fields whose None means "decided elsewhere" (regularizer: the algorithm's own; lr: its default for the
+# model; partition_seed: seed; perfedavg_beta: the initial lr); None passes their check.
+OPTIONAL = ("regularizer", "lr", "partition_seed", "perfedavg_beta")
+# Integer fields and their lowest value (num_clients and clients_per_round are checked in validate).
+_INTEGERS = (("shards_per_client", 1), ("partition_seed", 0), ("rounds", 1), ("local_epochs", 1), ("batch_size", 1),
+             ("eval_every", 1), ("probe_samples", 1), ("seed", 0), ("checkpoint_every", 0), ("fedrep_head_epochs", 0))
+# Real fields: (name, low, high, low end open, high end open).
+_REALS = (("alpha", 0.0, math.inf, True, False), ("beta", 0.0, 1.0, False, False), ("lr", 0.0, math.inf, True, False),
+          ("lr_gamma", 0.0, 1.0, True, False), ("momentum", 0.0, 1.0, False, True),
+          ("weight_decay", 0.0, math.inf, False, False), ("mu", 0.0, math.inf, False, False),
+          ("tau", 0.0, math.inf, True, False), ("fedexp_eps", 0.0, math.inf, False, False),
+          ("ditto_lambda", 0.0, math.inf, False, False), ("perfedavg_beta", 0.0, math.inf, True, False))
 
 
 @dataclass
@@ -94,95 +116,62 @@ class Config:
     # ---------------------------------------------------------------- validation
     def validate(self) -> "Config":
         """Check every field; raise ``FeddrKitError`` naming the first bad one and the allowed values."""
-        from .algorithms import ALGORITHMS
+        from .methods import ALGORITHMS
         from .models import MODELS
 
-        def choice(name: str, allowed: tuple) -> None:
-            if getattr(self, name) not in allowed:
-                raise FeddrKitError(f"{name} must be one of {', '.join(map(str, allowed))}, got {getattr(self, name)!r}")
-
-        def integer(name: str, low: int, high: float = math.inf) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-                rng = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
-                raise FeddrKitError(f"{name} must be an integer {rng}, got {v!r}")
-
-        def real(name: str, low: float, high: float, low_open: bool = False) -> None:
-            v = getattr(self, name)
-            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-            ok = ok and (low < v if low_open else low <= v) and v <= high
-            if not ok:
-                if high == math.inf:
-                    rng = f"a finite number {'>' if low_open else '>='} {low:g}"
-                else:
-                    rng = f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
-                raise FeddrKitError(f"{name} must be {rng}, got {v!r}")
-
-        def boolean(name: str) -> None:
+        for name, allowed in (("dataset", DATASETS), ("partition", PARTITIONS), ("model", MODELS),
+                              ("algorithm", tuple(ALGORITHMS)), ("regularizer", REGULARIZERS), ("device", DEVICES),
+                              ("engine", ENGINES), ("precision", PRECISIONS), ("fedexp_step", FEDEXP_STEPS)):
+            self._choice(name, allowed)
+        for name in ("deterministic", "probes", "progress", "overwrite", "scaffold_zero_head_grad",
+                     "spherefed_calibration"):
             if not isinstance(getattr(self, name), bool):
                 raise FeddrKitError(f"{name} must be True or False, got {getattr(self, name)!r}")
-
-        def path(name: str) -> None:
+        for name in ("data_path", "out_dir"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise FeddrKitError(f"{name} must be a folder path (str or os.PathLike) or None, got {getattr(self, name)!r}")
-
-        choice("dataset", DATASETS)
-        choice("partition", PARTITIONS)
-        choice("model", MODELS)
-        choice("algorithm", tuple(ALGORITHMS))
-        if self.regularizer is not None:
-            choice("regularizer", REGULARIZERS)
-        choice("device", DEVICES)
-        choice("engine", ENGINES)
-        choice("precision", PRECISIONS)
-        if not isinstance(self.deterministic, bool):
-            raise FeddrKitError(f"deterministic must be True or False, got {self.deterministic!r}")
-        path("data_path")
-        path("out_dir")
-        for name in ("probes", "progress", "overwrite", "spherefed_calibration"):
-            boolean(name)
         if self.dataset == "imagefolder" and not self.data_path:
             raise FeddrKitError("data_path must name a folder with train/ and test/ when dataset='imagefolder'")
         if (self.partition == "reference" or self.reference_partition is not None) and not (
                 isinstance(self.reference_partition, str) and self.reference_partition):
             raise FeddrKitError("reference_partition must name a reference partition file (e.g. 'cifar10_shard_s2') "
                                 f"or a path to one, for partition='reference'; got {self.reference_partition!r}")
-        integer("num_clients", 1)
-        integer("shards_per_client", 1)
-        real("alpha", 0.0, math.inf, low_open=True)
-        if self.partition_seed is not None:
-            integer("partition_seed", 0)
-        real("beta", 0.0, 1.0)
-        integer("rounds", 1)
-        integer("clients_per_round", 1, self.num_clients)
-        integer("local_epochs", 1)
-        integer("batch_size", 1)
-        if self.lr is not None:
-            real("lr", 0.0, math.inf, low_open=True)
+        self._integer("num_clients", 1)  # first: clients_per_round is checked against it
+        for name, low in _INTEGERS:
+            self._integer(name, low)
+        self._integer("clients_per_round", 1, self.num_clients)
+        for name, low, high, low_open, high_open in _REALS:
+            self._real(name, low, high, low_open, high_open)
         if not isinstance(self.lr_decay_at, tuple) or not all(
                 isinstance(f, numbers.Real) and not isinstance(f, bool) and 0 < f < 1 for f in self.lr_decay_at):
             raise FeddrKitError(f"lr_decay_at must be a list of fractions strictly between 0 and 1 "
                                 f"(e.g. [0.5, 0.75]; [] for a constant lr), got {self.lr_decay_at!r}")
-        real("lr_gamma", 0.0, 1.0, low_open=True)
-        real("momentum", 0.0, 1.0)
-        if self.momentum >= 1.0:
-            raise FeddrKitError(f"momentum must be in [0, 1), got {self.momentum!r}")
-        real("weight_decay", 0.0, math.inf)
-        integer("eval_every", 1)
-        integer("probe_samples", 1)
-        integer("seed", 0)
-        integer("checkpoint_every", 0)
-        real("mu", 0.0, math.inf)
-        real("tau", 0.0, math.inf, low_open=True)
-        real("fedexp_eps", 0.0, math.inf)
-        integer("fedrep_head_epochs", 0)
-        real("ditto_lambda", 0.0, math.inf)
-        if self.perfedavg_beta is not None:
-            real("perfedavg_beta", 0.0, math.inf, low_open=True)
-        choice("fedexp_step", FEDEXP_STEPS)
-        if not isinstance(self.scaffold_zero_head_grad, bool):
-            raise FeddrKitError(f"scaffold_zero_head_grad must be True or False, got {self.scaffold_zero_head_grad!r}")
         return self
+
+    def _choice(self, name: str, allowed: tuple) -> None:
+        value = getattr(self, name)
+        if value not in allowed and not (value is None and name in OPTIONAL):
+            raise FeddrKitError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+
+    def _integer(self, name: str, low: int, high: float = math.inf) -> None:
+        v = getattr(self, name)
+        if v is None and name in OPTIONAL:
+            return
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            rng = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+            raise FeddrKitError(f"{name} must be an integer {rng}, got {v!r}")
+
+    def _real(self, name: str, low: float, high: float, low_open: bool, high_open: bool) -> None:
+        v = getattr(self, name)
+        if v is None and name in OPTIONAL:
+            return
+        ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+        if not (ok and (low < v if low_open else low <= v) and (v < high if high_open else v <= high)):
+            if high == math.inf:
+                rng = f"a finite number {'>' if low_open else '>='} {low:g}"
+            else:
+                rng = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise FeddrKitError(f"{name} must be {rng}, got {v!r}")
 
     # ---------------------------------------------------------------- conversions
     def to_dict(self) -> dict[str, Any]:

@@ -5,10 +5,10 @@ that client's final local state and the value yielded is its mean local loss, so
 (upload, aggregation, probes) is the same for both.
 
 ``serial`` loads the global state into the one reusable model and runs
-:func:`feddr_kit.federated.train_client` for each client. ``batched`` trains the ``m`` clients as
+:func:`feddr_kit.local.train_client` for each client. ``batched`` trains the ``m`` clients as
 one vectorised model: every trainable parameter becomes a stack ``[m, *shape]``, one
 ``torch.func.vmap`` of ``functional_call`` runs the clients' forward passes and losses (the same
-:func:`feddr_kit.federated.client_loss` as the serial loop) and one backward gives every client its
+:func:`feddr_kit.local.client_loss` as the serial loop) and one backward gives every client its
 own gradient (the summed losses are independent across rows). Each client draws its batches and
 augmentations from its own ``(seed, round, client)`` generator in the serial order, and keeps its
 own SGD momentum buffer (:func:`sgd_step`, equal to ``torch.optim.SGD``). Clients whose batches
@@ -16,25 +16,40 @@ differ in size at a step (an epoch's short last batch, small Dirichlet clients) 
 batch size, one vmapped forward per group: nothing is padded, so BatchNorm statistics only ever
 see a client's own images; a client that has finished its steps is masked out of the update.
 The batched engine reads the losses back once per round.
+
+Where a run trains (:func:`resolve_device`) and with which kernels (:func:`kernel_settings`) are
+decided here too.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import os
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from . import federated as fed
-from . import instruments
-from .algorithms import Algorithm, ClientContext
-from .config import Config
+from . import instruments, local
 from .data import ImageData
 from .errors import FeddrKitError
+from .local import ClientContext, body_parameter_names, check_local_loss, client_loss, local_batches, measured_terms
+from .methods.base import Algorithm
 from .models import Net
+from .streams import client_generator
+
+if TYPE_CHECKING:  # annotations only: the config module sits above this one
+    from .config import Config
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` → CUDA when available, else CPU; ``"cuda"`` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise FeddrKitError("device='cuda' was asked for but no CUDA GPU is available; use device='auto' or 'cpu'")
+    return torch.device(name)
 
 
 def resolve_engine(name: str, device: torch.device) -> str:
@@ -99,7 +114,7 @@ def _serial(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Iterat
         raise FeddrKitError(f"precision={cfg.precision!r} needs engine='batched' (the serial engine runs in fp32)")
     for idx, ctx in zip(client_idx, ctxs):
         _load(model, ctx.global_state)
-        yield fed.train_client(model, teacher, algo, data, idx, ctx, cfg, device)
+        yield local.train_client(model, teacher, algo, data, idx, ctx, cfg, device)  # looked up at each call: a spy put on the module sees every client
 
 
 class _ClientLoss(nn.Module):
@@ -111,19 +126,15 @@ class _ClientLoss(nn.Module):
 
     def forward(self, teacher, algo, x, y, ctx, measure: bool = False):
         if measure:  # (loss, reg, feature-gradient norms): what the instruments need
-            return fed.measured_terms(self.model, teacher, algo, x, y, ctx)
-        return fed.client_loss(self.model, teacher, algo, x, y, ctx)
+            return measured_terms(self.model, teacher, algo, x, y, ctx)
+        return client_loss(self.model, teacher, algo, x, y, ctx)
 
 
 def check_batchable(model: Net, algo: Algorithm, cfg: Config) -> None:
     """Raise ``FeddrKitError`` naming what the batched engine cannot vectorise (never fall back silently)."""
-    if algo.serial_only:
-        raise FeddrKitError(f"engine='batched': algorithm {algo.name!r} keeps per-client state that its local "
-                            "training reads and changes (a personalized method), which only engine='serial' runs")
-    if type(algo).before_step is not Algorithm.before_step and \
-            type(algo).before_step_batched is Algorithm.before_step_batched:
-        raise FeddrKitError(f"engine='batched': algorithm {algo.name!r} overrides before_step but not "
-                            "before_step_batched; add it or use engine='serial'")
+    refusal = algo.batched_refusal()
+    if refusal is not None:
+        raise FeddrKitError(f"engine='batched': {refusal}")
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
             raise FeddrKitError(f"engine='batched': {name} is a BatchNorm with running statistics, which the "
@@ -156,8 +167,8 @@ def sgd_step(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[t
 
 def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Iterator[float]:
     check_batchable(model, algo, cfg)
-    m, lr, global_state = len(ctxs), ctxs[0].lr, ctxs[0].global_state
-    _load(model, global_state)
+    m = len(ctxs)
+    _load(model, ctxs[0].global_state)
     model.train()
     live = dict(model.named_parameters())
     names = [n for n, p in live.items() if p.requires_grad]  # frozen parameters and buffers stay shared
@@ -166,102 +177,164 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
     for ctx in ctxs:  # with the global state loaded, as in the serial loop
         algo.client_start(model, ctx)
 
-    gens = [fed.client_generator(cfg.seed, c.round, c.client, device) for c in ctxs]
-    batches = [fed.local_batches(idx, cfg, c.num_steps, g) for idx, c, g in zip(client_idx, ctxs, gens)]
-    counts = torch.stack([c.class_counts for c in ctxs])
-    step_module = _ClientLoss(model)
-    # bf16: forward/backward on bf16 copies of the fp32 weights (cast by hand: autocast fails under
-    # vmap); the casts are differentiable, so the gradients and the SGD update stay fp32.
-    low = torch.bfloat16 if cfg.precision == "bf16" else None
-    shared = {}  # frozen parameters and buffers, the same for every client
-    if low is not None:
-        shared = {f"model.{n}": t.to(low) for n, t in [*live.items(), *model.named_buffers()]
-                  if n not in names and t.is_floating_point()}
-        teacher = copy.deepcopy(teacher).to(low) if algo.needs_teacher else teacher
-
+    gens = [client_generator(cfg.seed, c.round, c.client, device) for c in ctxs]
+    batches = [local_batches(idx, cfg, c.num_steps, g) for idx, c, g in zip(client_idx, ctxs, gens)]
     # A measured round (ctx.gradients set) also returns each client's regularizer term and feature-gradient
     # norms, and takes the regularizer's gradient w.r.t. the body stacks: see feddr_kit.instruments.
-    measure = ctxs[0].gradients is not None and algo.regularizer != "none"
-    body = set(fed.body_parameter_names(model))
-    body_rows = [i for i, n in enumerate(names) if n in body]
-    if measure:
-        ratio_sums = torch.zeros(2, m, dtype=torch.float64, device=device)  # features, body
-
-    def one_client(params, x, y, class_counts):
-        ctx = ClientContext(client=-1, round=ctxs[0].round, lr=lr, num_samples=-1, num_steps=-1,
-                            class_counts=class_counts, global_state=global_state)
-        if low is not None:
-            params, x = {n: p.to(low) for n, p in params.items()}, x.to(low)
-        return functional_call(step_module, {**params, **shared}, (teacher, algo, x, y, ctx, measure))
-
-    losses_of = vmap(one_client)
-    on_device: dict[tuple, torch.Tensor] = {}  # row selections and masks, copied to the device once each
-
-    def device_tensor(values: tuple) -> torch.Tensor:
-        if values not in on_device:
-            on_device[values] = torch.tensor(values, device=device)
-        return on_device[values]
-
+    meter = _Meter(model, names, m, device) if ctxs[0].gradients is not None and algo.regularizer != "none" else None
+    losses_of = _StackedLosses(model, teacher, algo, ctxs, cfg, names, measure=meter is not None)
+    on_device = _DeviceTuples(device)
     totals = torch.zeros(m, device=device)
     steps = [0] * m
-    while True:
-        drawn: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for i in range(m):  # each client draws from its own generator, in the serial loop's order
-            b = next(batches[i], None) if batches[i] is not None else None
-            if b is None:
-                batches[i] = None
-                continue
-            drawn[i] = (data.train_batch(b, gens[i]), data.train_y[b])
-            steps[i] += 1
-        if not drawn:
-            break
-        by_size: dict[int, list[int]] = {}
-        for i, (x, _) in drawn.items():
-            by_size.setdefault(x.shape[0], []).append(i)
-        total = reg_total = 0.0
-        feature_norms = torch.ones(2, m, device=device) if measure else None  # task, reg (1, 1 off the step)
-        for rows in by_size.values():  # one vmapped forward per batch size: no padding anywhere
-            x = torch.stack([drawn[i][0] for i in rows])
-            y = torch.stack([drawn[i][1] for i in rows])
-            if len(rows) == m:
-                params, sel = stacks, None
-            else:
-                sel = device_tensor(tuple(rows))
-                params = [s[sel] for s in stacks]
-            out = losses_of({f"model.{n}": p for n, p in zip(names, params)}, x, y,
-                            counts if sel is None else counts[sel])
-            if measure:
-                loss, reg, (task_norm, reg_norm) = out
-                reg_total = reg_total + reg.sum()
-                feature_norms[:, sel if sel is not None else slice(None)] = torch.stack([task_norm, reg_norm]).float()
-            else:
-                loss = out
-            if sel is None:
-                totals += loss.detach()
-            else:
-                totals[sel] += loss.detach()
-            total = total + loss.sum()
-        grads = list(torch.autograd.grad(total, stacks, allow_unused=True, materialize_grads=True,
-                                         retain_graph=measure))
+    while drawn := _draw(data, batches, gens, steps):
+        grads = _gradients(losses_of, stacks, drawn, on_device, totals, meter)
         active = [i in drawn for i in range(m)]
-        if measure:
-            reg_grads = torch.autograd.grad(reg_total, [stacks[i] for i in body_rows], allow_unused=True)
-            body_norms = instruments.split_norms([grads[i] for i in body_rows], reg_grads, stacked=True)
-            took = device_tensor(tuple(active))
-            step_ratios = torch.stack([feature_norms[1] / feature_norms[0], body_norms[1] / body_norms[0]]).double()
-            ratio_sums += torch.where(took, step_ratios, torch.zeros((), dtype=torch.float64, device=device))
+        if meter is not None:
+            meter.add_step(stacks, grads, active, on_device)
         algo.before_step_batched(dict(zip(names, grads)), ctxs, active)
-        mask = None if all(active) else device_tensor(tuple(active))
-        sgd_step(stacks, grads, bufs, lr, cfg.momentum, cfg.weight_decay, mask)
+        mask = None if all(active) else on_device(tuple(active))
+        sgd_step(stacks, grads, bufs, ctxs[0].lr, cfg.momentum, cfg.weight_decay, mask)
 
     means = [t / max(s, 1) for t, s in zip(totals.tolist(), steps)]  # the round's one read-back
     for mean, ctx in zip(means, ctxs):
-        fed.check_local_loss(mean, ctx)
-    if measure:
-        for i, ctx in enumerate(ctxs):
-            ctx.gradients.add_sums(ratio_sums[0, i], ratio_sums[1, i], steps[i])
+        check_local_loss(mean, ctx)
+    if meter is not None:
+        meter.record(ctxs, steps)
     trained = [live[n] for n in names]
     for i, mean in enumerate(means):
         with torch.no_grad():
             torch._foreach_copy_(trained, [s[i] for s in stacks])
         yield mean
+
+
+class _StackedLosses:
+    """The losses of some of the round's clients in one ``vmap`` of :class:`_ClientLoss`.
+
+    Called with the stacks to use (``[k, *shape]`` each, in ``names``' order), images ``[k,B,3,H,W]``, labels
+    ``[k,B]`` and ``sel`` (the clients' rows, int64 ``[k]``, or None for all ``m``), it returns their losses
+    ``[k]``; when ``measure``, :func:`feddr_kit.local.measured_terms`' three values, each ``[k]``. With
+    ``cfg.precision="bf16"`` the forward and backward run on bf16 copies of the fp32 weights (cast by hand:
+    autocast fails under vmap); the casts are differentiable, so the gradients and the SGD update stay fp32.
+    """
+
+    def __init__(self, model: Net, teacher: Net, algo: Algorithm, ctxs: list[ClientContext], cfg: Config,
+                 names: list[str], measure: bool):
+        self.names = names
+        self.counts = torch.stack([c.class_counts for c in ctxs])
+        step_module = _ClientLoss(model)
+        low = torch.bfloat16 if cfg.precision == "bf16" else None
+        shared = {}  # frozen parameters and buffers, the same for every client
+        if low is not None:
+            shared = {f"model.{n}": t.to(low) for n, t in [*model.named_parameters(), *model.named_buffers()]
+                      if n not in names and t.is_floating_point()}
+            teacher = copy.deepcopy(teacher).to(low) if algo.needs_teacher else teacher
+        template = ctxs[0]
+
+        def one_client(params, x, y, class_counts):
+            ctx = template.vmapped(class_counts)
+            if low is not None:
+                params, x = {n: p.to(low) for n, p in params.items()}, x.to(low)
+            return functional_call(step_module, {**params, **shared}, (teacher, algo, x, y, ctx, measure))
+
+        self.vmapped = vmap(one_client)
+
+    def __call__(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor, sel: torch.Tensor | None):
+        counts = self.counts if sel is None else self.counts[sel]
+        return self.vmapped({f"model.{n}": p for n, p in zip(self.names, params)}, x, y, counts)
+
+
+class _DeviceTuples:
+    """Row selections and masks as device tensors, each copied to the device once per round."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cache: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, values: tuple) -> torch.Tensor:
+        if values not in self.cache:
+            self.cache[values] = torch.tensor(values, device=self.device)
+        return self.cache[values]
+
+
+def _draw(data: ImageData, batches: list, gens: list[torch.Generator], steps: list[int]
+          ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The next step's batches, client ``i`` -> (normalized images ``[B_i,3,H,W]``, labels ``[B_i]``), of the
+    clients with steps left (each draws from its own generator, in the serial loop's order), counted in
+    ``steps``; ``{}`` when every client is done."""
+    drawn: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for i in range(len(batches)):
+        b = next(batches[i], None) if batches[i] is not None else None
+        if b is None:
+            batches[i] = None
+            continue
+        drawn[i] = (data.train_batch(b, gens[i]), data.train_y[b])
+        steps[i] += 1
+    return drawn
+
+
+def _gradients(losses_of: _StackedLosses, stacks: list[torch.Tensor], drawn: dict, on_device: _DeviceTuples,
+               totals: torch.Tensor, meter: "_Meter | None") -> list[torch.Tensor]:
+    """One step's forward and backward for the clients in ``drawn``: one vmapped forward per batch size (no
+    padding anywhere), the losses added to ``totals`` ``[m]``. Returns every stack's gradient ``[m, *shape]``
+    (zero rows for the clients not in ``drawn``). A ``meter`` takes what it needs of the forward."""
+    by_size: dict[int, list[int]] = {}
+    for i, (x, _) in drawn.items():
+        by_size.setdefault(x.shape[0], []).append(i)
+    if meter is not None:
+        meter.start_step()
+    total = 0.0
+    for rows in by_size.values():
+        x = torch.stack([drawn[i][0] for i in rows])
+        y = torch.stack([drawn[i][1] for i in rows])
+        if len(rows) == len(totals):
+            params, sel = stacks, None
+        else:
+            sel = on_device(tuple(rows))
+            params = [s[sel] for s in stacks]
+        out = losses_of(params, x, y, sel)
+        loss = out if meter is None else meter.add_forward(out, sel)
+        if sel is None:
+            totals += loss.detach()
+        else:
+            totals[sel] += loss.detach()
+        total = total + loss.sum()
+    return list(torch.autograd.grad(total, stacks, allow_unused=True, materialize_grads=True,
+                                    retain_graph=meter is not None))
+
+
+class _Meter:
+    """The instruments' sums of a measured round in the batched engine (:mod:`feddr_kit.instruments`):
+    per client, the regularizer:task gradient ratios w.r.t. the features and w.r.t. the body, summed over
+    the steps it takes (float64 ``[2, m]``)."""
+
+    def __init__(self, model: Net, names: list[str], m: int, device: torch.device):
+        body = set(body_parameter_names(model))
+        self.body_rows = [i for i, n in enumerate(names) if n in body]
+        self.m, self.device = m, device
+        self.ratio_sums = torch.zeros(2, m, dtype=torch.float64, device=device)  # features, body
+
+    def start_step(self) -> None:
+        self.reg_total = 0.0
+        self.feature_norms = torch.ones(2, self.m, device=self.device)  # task, reg (1, 1 off the step)
+
+    def add_forward(self, out, sel: torch.Tensor | None) -> torch.Tensor:
+        """Keep a group's regularizer terms and feature-gradient norms; returns its losses ``[k]``."""
+        loss, reg, (task_norm, reg_norm) = out
+        self.reg_total = self.reg_total + reg.sum()
+        self.feature_norms[:, sel if sel is not None else slice(None)] = torch.stack([task_norm, reg_norm]).float()
+        return loss
+
+    def add_step(self, stacks: list[torch.Tensor], grads: list[torch.Tensor], active: list[bool],
+                 on_device: _DeviceTuples) -> None:
+        """Add the step's ratios of the clients that took it (``grads``: the loss's, before any hook)."""
+        reg_grads = torch.autograd.grad(self.reg_total, [stacks[i] for i in self.body_rows], allow_unused=True)
+        body_norms = instruments.split_norms([grads[i] for i in self.body_rows], reg_grads, stacked=True)
+        took = on_device(tuple(active))
+        fn = self.feature_norms
+        step_ratios = torch.stack([fn[1] / fn[0], body_norms[1] / body_norms[0]]).double()
+        self.ratio_sums += torch.where(took, step_ratios, torch.zeros((), dtype=torch.float64, device=self.device))
+
+    def record(self, ctxs: list[ClientContext], steps: list[int]) -> None:
+        """Hand each client's sums to its ``ctx.gradients``."""
+        for i, ctx in enumerate(ctxs):
+            ctx.gradients.add_sums(self.ratio_sums[0, i], self.ratio_sums[1, i], steps[i])

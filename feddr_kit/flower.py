@@ -1,45 +1,44 @@
 """The kit's algorithms on Flower (flwr 1.42, Message API), from the same code as :func:`feddr_kit.run`.
 
 ``client_app`` (a :class:`flwr.clientapp.ClientApp`) trains one client from the global state it
-receives; ``server_app`` (a :class:`flwr.serverapp.ServerApp`) runs :class:`KitStrategy`, which samples,
-aggregates, evaluates and checkpoints. Both call the pieces of :mod:`feddr_kit.federated` that
-``fk.run`` calls (:func:`~feddr_kit.federated.prepare`, :func:`~feddr_kit.federated.plan_round`,
-:func:`~feddr_kit.federated.train_clients`, :func:`~feddr_kit.federated.accumulate`,
-:func:`~feddr_kit.federated.next_global_state`, :func:`~feddr_kit.federated.evaluate_global`,
-:func:`~feddr_kit.federated.save_checkpoint`), so no algorithm has a second implementation and, on
-CPU with ``engine="serial"``, a Flower run's history and weights equal ``fk.run``'s bit for bit.
+receives; ``server_app`` (a :class:`flwr.serverapp.ServerApp`) runs :class:`KitStrategy`. Both are
+message codecs over the pieces ``fk.run`` is made of: the client decodes a train message, trains with
+:func:`feddr_kit.federated.train_clients` on the run that :func:`feddr_kit.build.build_run` builds,
+and encodes its reply; the strategy plans with :func:`feddr_kit.schedule.plan_round`, decodes the
+replies into a :class:`feddr_kit.federated.Aggregate` in the plan's order, and keeps the run's record
+with the same :class:`feddr_kit.roundlog.RoundLog`. So no algorithm has a second implementation and,
+on CPU with ``engine="serial"``, a Flower run's history, weights, ``config.json`` and ``summary.json``
+equal ``fk.run``'s.
 
 What crosses the wire, per round and sampled client:
 
 - server → client (``train``): ``"global"`` the global state (:class:`~flwr.app.ArrayRecord`),
   ``"broadcast"`` the algorithm's extras (``Algorithm.broadcast``, SCAFFOLD's ``c``), ``"config"``
-  the round, lr and the partition id the message is for;
+  the round, lr, whether the round is measured and the partition id the message is for;
 - client → server: ``"state"`` its final local state, ``"metrics"`` partition id, number of
-  examples, mean local loss and the scalar uploads, and one ArrayRecord ``"upload.<key>"`` per
-  tensor upload (``Algorithm.uploads`` types them).
+  examples, mean local loss, the scalar uploads and the instruments' sums (``GRADIENTS``), and one
+  ArrayRecord ``"upload.<key>"`` per tensor upload (``Algorithm.uploads`` types them).
 
 A client's persistent state (``Algorithm.client_state``, SCAFFOLD's ``c_i``) lives in the
 client's ``context.state``; the algorithm object that trains it is made afresh for every message,
 because one simulation actor serves many clients. Clients are sampled by the kit's
-:func:`~feddr_kit.federated.sample_clients` over partition ids (learned once with a ``query``
+:func:`~feddr_kit.streams.sample_clients` over partition ids (learned once with a ``query``
 message), not by Flower's sampler, and the replies are summed in the sample's order. The server
 evaluates the global model centrally on the test set (``configure_evaluate`` sends nothing).
 
 Not supported here: ``probes=True``, ``resume`` and ``engine="batched"`` (clients train one per
 message). SphereFed's calibration reads every client's training images on the server, as
 ``fk.run`` does (a shortcut a real deployment would replace by uploaded ``G_k``, ``B_k``).
+``flwr run`` itself (the App's files, the SuperLink, :func:`simulate`) is in :mod:`feddr_kit.flower_run`.
 
 Needs ``pip install 'feddr_kit[flower]'``; ``import feddr_kit`` never imports this module.
 """
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
-from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -47,10 +46,16 @@ import torch
 from . import engine as engine_mod
 from . import federated as fed
 from . import instruments
+from .build import Run, build_run
 from .config import Config
 from .data import ImageData
 from .errors import FeddrKitError
+from .flower_run import (APP_DIR, FLWR_HOME_DIR, TIMING, UNSUPPORTED, check_outcome, check_supported,  # noqa: F401
+                         config_from_run_config, config_to_run_config, simulate, write_app, write_flwr_home)
 from .partition import Partition
+from .roundlog import Result, RoundLog
+from .rundir import write_json
+from .schedule import RoundPlan, plan_round
 
 try:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
@@ -64,43 +69,6 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 PARTITION_ID = "partition-id"  # the node_config key Flower's simulation sets, and SuperNodes get
 GRADIENTS = "gradient-ratios."  # prefix of a client's instrument sums in its reply's metrics
 CLIENT_STATE = "feddr-client-state"  # the key of a client's persistent state in context.state
-UNSUPPORTED = {"probes": True, "engine": "batched"}
-
-
-# --------------------------------------------------------------------------- Config <-> run config
-def config_to_run_config(cfg: Config) -> dict[str, bool | int | float | str]:
-    """The Config as Flower run-config values (bool/int/float/str): None fields are left out (they
-    default to None), ``lr_decay_at`` becomes a comma-separated string."""
-    out: dict[str, bool | int | float | str] = {}
-    for name, value in cfg.to_dict().items():
-        if value is None:
-            continue
-        out[name] = ",".join(repr(float(f)) for f in value) if isinstance(value, (list, tuple)) else value
-    return out
-
-
-def config_from_run_config(run_config: dict[str, Any]) -> Config:
-    """Inverse of :func:`config_to_run_config` (unknown keys are a :class:`FeddrKitError`)."""
-    names = {f.name for f in fields(Config)}
-    unknown = sorted(set(run_config) - names)
-    if unknown:
-        raise FeddrKitError(f"run config: unknown key(s) {', '.join(unknown)}; allowed: the Config fields")
-    d = dict(run_config)
-    if "lr_decay_at" in d and isinstance(d["lr_decay_at"], str):
-        d["lr_decay_at"] = tuple(float(x) for x in d["lr_decay_at"].split(",") if x.strip())
-    return Config.from_dict(d)
-
-
-def check_supported(cfg: Config) -> None:
-    """Raise :class:`FeddrKitError` for the settings the Flower apps do not run."""
-    for name, value in UNSUPPORTED.items():
-        if getattr(cfg, name) == value:
-            raise FeddrKitError(f"{name}={value!r} is not supported on Flower; use fk.run for it")
-    from .algorithms import ALGORITHMS
-
-    if cfg.algorithm in ALGORITHMS and ALGORITHMS[cfg.algorithm].personalized:
-        # Their evaluation reads every client's personal model, which on Flower lives on the clients.
-        raise FeddrKitError(f"algorithm={cfg.algorithm!r} (personalized) is not supported on Flower yet; use fk.run for it")
 
 
 # --------------------------------------------------------------------------- tensors <-> records
@@ -141,18 +109,18 @@ def unpack_uploads(algo, content: RecordDict, device: torch.device) -> dict:
 
 
 # --------------------------------------------------------------------------- the client
-_SETUPS: dict[str, fed.RunSetup] = {}  # one per process (a simulation actor serves many clients)
+_SETUPS: dict[str, Run] = {}  # one per process (a simulation actor serves many clients)
 _DATA: dict[tuple, ImageData] = {}
 
 
-def client_setup(cfg: Config) -> fed.RunSetup:
-    """The process's :class:`~feddr_kit.federated.RunSetup` for ``cfg`` (data, partition, models),
-    built once and reused by every message; a fresh algorithm replaces its ``algo`` per message."""
+def client_setup(cfg: Config) -> Run:
+    """The process's :class:`~feddr_kit.build.Run` for ``cfg`` (data, partition, models), built once and
+    reused by every message; a fresh algorithm replaces its ``algo`` per message."""
     key = cfg.to_json()
     if key not in _SETUPS:
         _SETUPS.clear()
         data = _DATA.get((cfg.dataset, cfg.data_path))
-        _SETUPS[key] = fed.prepare(cfg, fed.resolve_device(cfg.device), data)
+        _SETUPS[key] = build_run(cfg, engine_mod.resolve_device(cfg.device), data)
     return _SETUPS[key]
 
 
@@ -181,17 +149,14 @@ def client_train(msg: Message, context: Context) -> Message:
         raise FeddrKitError(f"a train message for partition {conf['client']} reached the node of partition {client}")
     setup = client_setup(cfg)
     with engine_mod.kernel_settings(cfg.deterministic, setup.device):
-        algo = fed.get_algorithm(cfg)  # afresh: no state of another client can leak in
-        algo.setup(setup.model, cfg.seed)
-        setup.algo = algo
+        algo = setup.renew_algorithm()  # afresh: no state of another client can leak in
         global_state = from_record(msg.content["global"], setup.device)
         algo.receive_broadcast(from_record(msg.content["broadcast"], setup.device))
         own = context.state[CLIENT_STATE] if CLIENT_STATE in context.state else ArrayRecord()
         algo.set_client_state(client, from_record(own, setup.device))
         if algo.needs_teacher:
             fed.load_teacher(setup, global_state)
-        ctx = fed.client_context(setup, client, int(conf["round"]), float(conf["lr"]), global_state,
-                                 measure=bool(conf["measure"]))
+        ctx = setup.context(client, int(conf["round"]), float(conf["lr"]), global_state, measure=bool(conf["measure"]))
         [(ctx, loss, upload)] = list(fed.train_clients(setup, [ctx], engine="serial"))
         context.state[CLIENT_STATE] = to_record(algo.client_state(client))
         scalars, arrays = pack_uploads(algo, upload)
@@ -207,28 +172,34 @@ def client_train(msg: Message, context: Context) -> Message:
 
 # --------------------------------------------------------------------------- the server
 class KitStrategy(Strategy):
-    """The kit's round on Flower's :meth:`Strategy.start` loop: the kit's sampling over partition ids,
-    aggregation in the sample's order, central evaluation, checkpoints in ``out_dir``.
+    """The kit's round on Flower's :meth:`Strategy.start` loop, as a message codec: the kit's sampling over
+    partition ids, the replies aggregated in the sample's order, and the run's record (central evaluation,
+    timing, history, callback, checkpoints) kept by a :class:`~feddr_kit.roundlog.RoundLog`.
 
-    After :meth:`start`, ``global_state``, ``rows`` (the history) and ``round_seconds`` hold the run.
+    ``log``: the run's record (default: a fresh one over ``setup``, ``out_dir`` and ``callback``). After
+    :meth:`start`, ``global_state``, ``rows`` (the history) and ``round_seconds`` hold the run.
     """
 
-    def __init__(self, setup: fed.RunSetup, out_dir: Path | None = None,
-                 callback: Callable[[dict], None] | None = None):
+    def __init__(self, setup: Run, out_dir: Path | None = None, callback: Callable[[dict], None] | None = None,
+                 log: RoundLog | None = None):
         self.setup = setup
         self.cfg = setup.cfg
-        self.out_dir = out_dir
-        self.callback = callback
-        self.global_state = setup.initial_state
-        self.evaluator = fed.Evaluator(setup.data, setup.partition, self.cfg.seed)
-        self.rows: list[dict] = []
-        self.round_seconds: list[float] = []
+        self.log = log if log is not None else RoundLog(setup, out_dir, callback)
+        self.global_state = self.log.start_state
         self.nodes: dict[int, int] = {}  # partition id -> node id
-        self.plan: fed.RoundPlan | None = None
-        self.losses: list[float] = []
-        self.gradients: list[instruments.GradientRatios | None] = []  # the round's clients' gradient-ratio sums
-        self._t0 = 0.0
+        self.plan: RoundPlan | None = None
+        self.gathered: fed.Aggregate | None = None
         self.first_round_start: float | None = None  # wall-clock time (time.time()) round 1 began
+
+    @property
+    def rows(self) -> list[dict]:
+        """The history rows so far."""
+        return self.log.rows
+
+    @property
+    def round_seconds(self) -> list[float]:
+        """Every round's seconds so far."""
+        return self.log.round_seconds
 
     def discover(self, grid: Grid, timeout: float = 600.0) -> dict[int, int]:
         """Wait for ``num_clients`` nodes, ask each for its partition id (one ``query`` message each) and
@@ -258,19 +229,21 @@ class KitStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        t = server_round - 1
-        self._t0 = time.perf_counter()
+        """Plan the round and encode one train message per sampled client."""
+        self.log.start_round()
         if self.first_round_start is None:
             self.first_round_start = time.time()
-        self.plan = fed.plan_round(self.cfg, self.setup.lr0, t, self.setup.partition)
+        self.plan = plan_round(self.cfg, self.setup.lr0, server_round - 1, self.setup.partition)
         broadcast = to_record(self.setup.algo.broadcast())
         return [Message(RecordDict({"global": arrays, "broadcast": broadcast,
-                                    "config": ConfigRecord({"round": t, "lr": self.plan.lr, "client": k,
+                                    "config": ConfigRecord({"round": self.plan.round, "lr": self.plan.lr, "client": k,
                                                             "measure": self.plan.evaluating})}),
                         dst_node_id=self.nodes[k], message_type=MessageType.TRAIN, group_id=str(server_round))
                 for k in self.plan.clients]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord, MetricRecord]:
+        """Decode the replies into the round's :class:`~feddr_kit.federated.Aggregate`, in the plan's order,
+        and take the next global state."""
         plan, setup = self.plan, self.setup
         by_client = {}
         for r in replies:
@@ -280,20 +253,16 @@ class KitStrategy(Strategy):
         missing = sorted(set(plan.clients) - set(by_client))
         if missing:
             raise FeddrKitError(f"round {server_round}: no reply from client(s) {missing}")
-        average = fed.new_average(self.global_state)
-        uploads, self.losses, self.gradients = [], [], []
+        self.gathered = gathered = fed.Aggregate(self.global_state)
         for k, w in zip(plan.clients, plan.weights):  # the sample's order: the kit's float sums
             content = by_client[k]
             state = from_record(content["state"], setup.device)
-            fed.accumulate(average, [state[n] for n in average], w)
-            uploads.append(unpack_uploads(setup.algo, content, setup.device))
-            self.losses.append(float(content["metrics"]["train-loss"]))
             sums = {key[len(GRADIENTS):]: v for key, v in content["metrics"].items() if key.startswith(GRADIENTS)}
-            self.gradients.append(instruments.GradientRatios.from_floats(sums) if sums else None)
-        self.global_state = fed.next_global_state(setup.algo, self.global_state, average, uploads, plan.weights,
-                                                  plan.round)
-        fed.finish_round(setup, self.global_state, plan.round)
-        return to_record(self.global_state), MetricRecord({"train_loss": float(np.mean(self.losses))})
+            gathered.add([state[n] for n in gathered.average], w, float(content["metrics"]["train-loss"]),
+                         unpack_uploads(setup.algo, content, setup.device),
+                         instruments.GradientRatios.from_floats(sums) if sums else None)
+        self.global_state = gathered.next_global_state(setup, plan)
+        return to_record(self.global_state), MetricRecord({"train_loss": float(np.mean(gathered.losses))})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -308,45 +277,29 @@ class KitStrategy(Strategy):
                                        self.cfg.num_clients, self.cfg.clients_per_round, self.cfg.rounds)
 
     def evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        """``evaluate_fn`` of :meth:`Strategy.start`: the kit's evaluation (on evaluated rounds), the round's
-        seconds, and the checkpoint."""
+        """``evaluate_fn`` of :meth:`Strategy.start`, called after each round's aggregation: the round ends in
+        the run's record (:meth:`RoundLog.end_round`: evaluation on evaluated rounds, timing, checkpoint)."""
         if server_round == 0:
             return None
-        plan = self.plan
-        row = None
-        if plan.evaluating:
-            row = fed.evaluate_global(self.setup, self.evaluator, self.global_state, plan, self.losses)
-            row.update(instruments.round_ratios(self.gradients))
-            row["seconds"] = time.perf_counter() - self._t0
-            self.rows.append(row)
-            if self.callback is not None:
-                self.callback(dict(row))
-        self.round_seconds.append(time.perf_counter() - self._t0)
-        if self.out_dir is not None and fed.checkpoint_due(self.cfg, plan.round):
-            fed.save_checkpoint(self.out_dir, plan.round + 1, self.global_state, self.setup.algo, self.rows,
-                                self.round_seconds, self.cfg)
+        row = self.log.end_round(self.plan, self.global_state, self.gathered.losses, self.gathered.gradients)
         return None if row is None else MetricRecord({k: float(v) for k, v in row.items()})
 
 
 def run_on_grid(grid: Grid, cfg: Config, data: ImageData | None = None, partition: Partition | None = None,
-                callback: Callable[[dict], None] | None = None, timeout: float = 3600.0) -> fed.Result:
+                callback: Callable[[dict], None] | None = None, timeout: float = 3600.0) -> Result:
     """Run ``cfg`` as the ServerApp does, over ``grid`` (Flower's, or :class:`InProcessGrid`); returns the
-    same :class:`~feddr_kit.federated.Result` as ``fk.run``. Writes config.json, history.csv,
-    checkpoint.pt and summary.json to ``cfg.out_dir`` when set (the folder is not claimed here)."""
+    same :class:`~feddr_kit.roundlog.Result` as ``fk.run``. Writes config.json, history.csv,
+    checkpoint.pt and summary.json to ``cfg.out_dir`` when set (the folder is not claimed here: the
+    process that started the ServerApp, :func:`simulate`, owns it)."""
     check_supported(cfg)
-    device = fed.resolve_device(cfg.device)
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else None
-    with engine_mod.kernel_settings(cfg.deterministic, device):
-        setup = fed.prepare(cfg, device, data, partition)
-        if out_dir is not None:
-            fed.write_text(out_dir / "config.json", cfg.to_json() + "\n")
-        strategy = KitStrategy(setup, out_dir, callback)
+    with fed.open_run(cfg, data=data, partition=partition, callback=callback, claim=False) as log:
+        strategy = KitStrategy(log.setup, log=log)
         strategy.discover(grid, timeout=min(timeout, 600.0))
-        strategy.start(grid, to_record(setup.initial_state), num_rounds=cfg.rounds, timeout=timeout,
+        strategy.start(grid, to_record(log.setup.initial_state), num_rounds=cfg.rounds, timeout=timeout,
                        evaluate_fn=strategy.evaluate)
-        result = fed.finish_run(setup, strategy.global_state, strategy.rows, strategy.round_seconds, out_dir)
-    if out_dir is not None:  # for simulate(): when the rounds ran, seen from the ServerApp
-        fed.write_json(out_dir / TIMING, {"first_round_start": strategy.first_round_start,
+        result = log.finish(strategy.global_state)
+    if log.out_dir is not None:  # for simulate(): when the rounds ran, seen from the ServerApp
+        write_json(log.out_dir / TIMING, {"first_round_start": strategy.first_round_start,
                                           "round_seconds": strategy.round_seconds,
                                           "model_bytes": sum(v.numel() * v.element_size() for v in strategy.global_state.values())})
     return result
@@ -416,7 +369,7 @@ class InProcessGrid(Grid):
 
 
 def run_in_process(cfg: Config, data: ImageData | None = None, partition: Partition | None = None,
-                   callback: Callable[[dict], None] | None = None, quiet: bool = True) -> fed.Result:
+                   callback: Callable[[dict], None] | None = None, quiet: bool = True) -> Result:
     """``cfg`` through ``client_app`` and :class:`KitStrategy` over an :class:`InProcessGrid` (no Ray):
     the Flower code path in one process. ``data`` is given to the clients too; ``quiet`` hides
     Flower's INFO log lines."""
@@ -432,204 +385,6 @@ def run_in_process(cfg: Config, data: ImageData | None = None, partition: Partit
         flwr_log.setLevel(level)
         _SETUPS.clear()
         _DATA.clear()
-
-
-
-# --------------------------------------------------------------------------- `flwr run` from the command line
-APP_DIR, FLWR_HOME_DIR, TIMING = "flower_app", "flwr_home", "flower_timing.json"
-
-
-def write_app(cfg: Config, app_dir: Path) -> Path:
-    """Write the Flower App's ``pyproject.toml`` into ``app_dir``: ``[tool.flwr.app.components]`` naming
-    ``feddr_kit.flower:server_app`` / ``:client_app`` and ``[tool.flwr.app.config]`` holding the Config
-    fields (:func:`config_to_run_config`). Returns its path."""
-    import tomli_w
-
-    app_dir.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
-        "project": {"name": "feddr-kit-flower", "version": "1.0.0", "license": "MIT",
-                    "description": "feddr_kit's algorithms on Flower (written by python -m feddr_kit flower)",
-                    "dependencies": ["flwr[simulation]==1.42.*", "feddr_kit"]},
-        "tool": {"flwr": {"app": {"publisher": "feddr-kit",
-                                  "components": {"serverapp": "feddr_kit.flower:server_app",
-                                                 "clientapp": "feddr_kit.flower:client_app"},
-                                  "config": config_to_run_config(cfg)}}},
-    }
-    path = app_dir / "pyproject.toml"
-    fed.write_text(path, tomli_w.dumps(doc))
-    return path
-
-
-def write_flwr_home(flwr_home: Path) -> Path:
-    """Write ``FLWR_HOME/config.toml``: one SuperLink connection, ``local``, the managed local SuperLink."""
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    path = flwr_home / "config.toml"
-    fed.write_text(path, '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
-    return path
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(port: int, proc, timeout: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise FeddrKitError(f"the SuperLink exited with code {proc.returncode} while starting")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).is_success:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise FeddrKitError(f"the SuperLink did not answer within {timeout:.0f} s (a loaded machine: raise --startup-timeout)")
-
-
-def _process_groups_under(pid: int) -> set[int]:
-    """Process groups of ``pid`` and of its children (the SuperLink detaches its SuperExec, which starts
-    the simulation and Ray, into a session of its own)."""
-    import os
-
-    groups = {os.getpgid(pid)}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields_ = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields_[1]) == pid:  # ppid
-            groups.add(int(fields_[2]))  # pgrp
-    return groups
-
-
-def _stop(link) -> None:
-    """Stop the SuperLink ``link`` (a Popen) and every process group it and its children started."""
-    import os
-    import signal
-    import subprocess
-
-    try:
-        groups = _process_groups_under(link.pid)
-    except ProcessLookupError:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for g in groups:
-            try:
-                os.killpg(g, sig)
-            except ProcessLookupError:
-                pass
-        try:
-            link.wait(20)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:
-            time.sleep(2.0)  # let the SuperExec's group finish its own shutdown, then make sure
-    return
-
-
-def check_outcome(cfg: Config, out_dir: Path) -> dict:
-    """The run's ``summary.json`` once it is complete; a :class:`FeddrKitError` when a result file is
-    missing or the run stopped early (``flwr run --stream`` exits 0 even when the ServerApp crashed)."""
-    missing = [n for n in ("config.json", "history.csv", "summary.json", "checkpoint.pt") if not (out_dir / n).exists()]
-    if missing:
-        raise FeddrKitError(f"the Flower run left no {', '.join(missing)} in {out_dir}: it failed; see the log above "
-                            f"and {out_dir / FLWR_HOME_DIR}/local-superlink/superlink.log")
-    summary = json.loads((out_dir / "summary.json").read_text())
-    if summary.get("rounds") != cfg.rounds:
-        raise FeddrKitError(f"the Flower run stopped at round {summary.get('rounds')} of {cfg.rounds}")
-    return summary
-
-
-def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout: float = 300.0,
-             timeout: float = 3600.0, ray_memory_threshold: float | None = 0.98, ray_num_cpus: int | None = 1,
-             stream: bool = True) -> dict:
-    """Run ``cfg`` under ``flwr run`` with the local simulation (Ray) and return its timings.
-
-    Writes the app (:func:`write_app`) and ``FLWR_HOME`` (:func:`write_flwr_home`) under ``cfg.out_dir``,
-    starts a SuperLink of its own on free ports (``FLWR_HOME`` there, runtime dependency installation
-    off, so no second torch is installed), runs ``flwr run APP local --federation-config
-    num-supernodes=N --stream``, stops the SuperLink, and checks the result files (:func:`check_outcome`).
-    ``num_supernodes`` defaults to ``num_clients`` (one node per partition). ``ray_memory_threshold``
-    sets ``RAY_memory_usage_threshold`` (Ray counts other processes' memory too), None leaves it.
-    ``ray_num_cpus``: the CPUs Ray may use, one per ClientApp actor (default 1: one actor serves every
-    client in turn, and Ray starts one worker instead of one per core, which lets its start-up,
-    limited to a fixed 30 s, pass on a loaded machine); None: Ray's default (all cores, 2 per actor).
-
-    Returns ``{"wall_s", "superlink_start_s", "first_round_start_s", "round_seconds", "summary"}``:
-    wall time of the whole command, the SuperLink's start-up, the time from launch to the ServerApp's
-    first round (SuperLink, app build, Ray and ServerApp start-up) and each round's seconds.
-    """
-    import os
-    import signal
-    import subprocess
-    import sys
-    import threading
-
-    from . import rundir
-
-    check_supported(cfg)
-    if not cfg.out_dir:
-        raise FeddrKitError("out_dir: the flower command needs an out_dir (the app, FLWR_HOME and the results go there)")
-    nodes = num_supernodes or cfg.num_clients
-    if nodes < cfg.num_clients:
-        raise FeddrKitError(f"num_supernodes={nodes}: need one SuperNode per client, at least num_clients={cfg.num_clients}")
-    t_launch = time.time()
-    with rundir.claim(Path(cfg.out_dir), resume=False, overwrite=cfg.overwrite) as out_dir:
-        out_dir = out_dir.resolve()
-        cfg = cfg.replace(out_dir=str(out_dir), progress=False)
-        app = write_app(cfg, out_dir / APP_DIR).parent
-        home = out_dir / FLWR_HOME_DIR
-        write_flwr_home(home)
-        http_port = _free_port()  # one port serves the Runtime, Control and Fleet HTTP APIs
-        env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-               "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_USAGE_STATS_ENABLED": "0",
-               "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # flower-superexec
-        if ray_memory_threshold is not None:
-            env["RAY_memory_usage_threshold"] = str(ray_memory_threshold)
-        # Ray's raylet gives its dashboard agent a few seconds to start; a loaded machine needs more
-        env.setdefault("RAY_agent_register_timeout_ms", str(int(startup_timeout * 1000)))
-        env.setdefault("RAY_raylet_start_wait_time_s", str(int(startup_timeout)))
-        bin_dir = Path(sys.executable).parent
-        logs = home / "local-superlink"
-        logs.mkdir(parents=True, exist_ok=True)
-        link_cmd = [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-                    "--disable-runtime-dependency-installation",
-                    "--host", "127.0.0.1", "--port", str(http_port),
-                    "--database", str(logs / "state.db"), "--log-file", str(logs / "superlink.log")]
-        link = subprocess.Popen(link_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)  # its own process group: stopped with all it started
-        previous = signal.getsignal(signal.SIGTERM)
-        if threading.current_thread() is threading.main_thread():  # a SIGTERM still stops the SuperLink
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        try:
-            _wait_healthy(http_port, link, startup_timeout)
-            t_link = time.time()
-            run_cmd = [str(bin_dir / "flwr"), "run", str(app), "local",
-                       "--federation-config", f"num-supernodes={nodes}" + (
-                           f" init-args-num-cpus={ray_num_cpus} client-resources-num-cpus=1" if ray_num_cpus else "")
-                       ] + (["--stream"] if stream else [])
-            done = subprocess.run(run_cmd, env=env, cwd=out_dir, timeout=timeout)
-            if done.returncode != 0:
-                raise FeddrKitError(f"flwr run exited with code {done.returncode}")
-        finally:
-            _stop(link)
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, previous)
-        summary = check_outcome(cfg, out_dir)
-        timing = json.loads((out_dir / TIMING).read_text()) if (out_dir / TIMING).exists() else {}
-    result = {"wall_s": time.time() - t_launch, "superlink_start_s": t_link - t_launch,
-              "first_round_start_s": timing.get("first_round_start", math.nan) - t_launch,
-              "round_seconds": timing.get("round_seconds", []),
-              "model_bytes": timing.get("model_bytes"), "summary": summary}
-    return result
 
 
 # --------------------------------------------------------------------------- chapter 09's figure

@@ -43,7 +43,7 @@ def simplex_etf(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
     """A random simplex equiangular tight frame (eq. 3 of the paper), valid for any ``dim >= C-1``.
 
     ``V = sqrt(C/(C-1)) · U Qᵀ`` with ``U`` the centering basis ``[C, C-1]`` and ``Q`` ``[d, C-1]``
-    orthonormal columns from the QR of a seeded Gaussian matrix (spec §3.5). Rows have unit norm,
+    orthonormal columns from the QR of a seeded Gaussian matrix. Rows have unit norm,
     pairwise inner products ``-1/(C-1)`` and sum to zero.
 
     Returns float32 ``[C, dim]``. Raises ``FeddrKitError`` when ``dim < C-1``, where no simplex ETF
@@ -64,7 +64,7 @@ def simplex_etf(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
 
 
 def orthonormal_head(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
-    """A random head with orthonormal rows (SphereFed, spec §8): ``W Wᵀ = I_C``.
+    """A random head with orthonormal rows (SphereFed's fixed head): ``W Wᵀ = I_C``.
 
     Returns float32 ``[C, dim]``; needs ``dim >= C``.
     """
@@ -90,7 +90,7 @@ def random_head_bias(num_classes: int, dim: int, seed: int = 0) -> torch.Tensor:
 
     PyTorch's default bias init U(-1/sqrt(d), 1/sqrt(d)), continuing the weight's random stream, so
     ``(random_head, random_head_bias)`` is one seeded default-initialized linear layer. FedBABU keeps
-    this bias frozen with its head (spec §4). Returns float32 ``[C]``.
+    this bias frozen with its head. Returns float32 ``[C]``.
     """
     _check(num_classes, dim)
     gen = _generator(seed)

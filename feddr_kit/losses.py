@@ -82,7 +82,7 @@ def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def ntd(logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
-    """FedNTD's not-true distillation: :func:`kd` on the logits with the true class removed (spec §6)."""
+    """FedNTD's not-true distillation: :func:`kd` on the logits with the true class removed."""
     return kd(not_true_logits(logits, y), not_true_logits(teacher_logits, y), tau)
 
 
@@ -92,7 +92,7 @@ def logit_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor) -> to
 
 
 def mse_to_onehot(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """SphereFed's loss ``nn.MSELoss()(z, onehot(y))`` = ``(1/(B·C)) Σ_i ‖z_i - e_{y_i}‖²`` (spec §8).
+    """SphereFed's loss ``nn.MSELoss()(z, onehot(y))`` = ``(1/(B·C)) Σ_i ‖z_i - e_{y_i}‖²``.
 
     ``logits`` ``[B, C]``, labels ``y`` ``[B]``. Returns a scalar.
     """
@@ -100,7 +100,7 @@ def mse_to_onehot(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def balanced_softmax(logits: torch.Tensor, y: torch.Tensor, class_counts: torch.Tensor) -> torch.Tensor:
-    """FedETF's balanced softmax ``CE(z + log n, y)`` with the client's label counts ``n`` (spec §9).
+    """FedETF's balanced softmax ``CE(z + log n, y)`` with the client's label counts ``n``.
 
     ``logits`` ``[B, C]``, labels ``y`` ``[B]``, ``class_counts`` ``[C]``. Counts of 0 are replaced by 1
     (FedETF's own code), so an absent class keeps its plain logit. Returns a scalar.

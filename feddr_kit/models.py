@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import nn
 
 from .errors import FeddrKitError
+from .streams import eval_order  # noqa: F401  (re-exported: where the kit's code found it before streams.py)
 
 
 class Net(nn.Module):
@@ -43,7 +43,7 @@ def _cnn() -> tuple[nn.Module, int]:
     # Two 5x5 conv layers (16, 32 channels) and two fully connected layers, no BatchNorm: about
     # 0.25 M parameters, trains at several thousand images per second on two CPU cores. Max-pooling before the ReLU is the
     # same function as after it (both are monotone) and 4x cheaper. The final ReLU is kept, as in
-    # the paper's models, so features are non-negative (spec §1.7.3).
+    # the paper's models, so features are non-negative.
     body = nn.Sequential(
         nn.Conv2d(3, 16, 5), nn.MaxPool2d(2), nn.ReLU(inplace=True),
         nn.Conv2d(16, 32, 5), nn.MaxPool2d(2), nn.ReLU(inplace=True),
@@ -55,7 +55,7 @@ def _cnn() -> tuple[nn.Module, int]:
 
 
 def _vgg11() -> tuple[nn.Module, int]:
-    # VGG-11 without BatchNorm, then fc 512→512→512 with ReLU (spec §0, the reference's CIFAR-10 model).
+    # VGG-11 without BatchNorm, then fc 512→512→512 with ReLU (the reference code's CIFAR-10 model).
     layers: list[nn.Module] = []
     channels = 3
     for v in [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]:
@@ -89,12 +89,12 @@ class GlobalAvgPool(nn.Module):
 
 
 def _bn(channels: int) -> nn.BatchNorm2d:
-    # No running statistics: batch statistics at train AND eval, nothing to aggregate (spec §0).
+    # No running statistics: batch statistics at train AND eval, nothing to aggregate (as the reference code).
     return nn.BatchNorm2d(channels, track_running_stats=False)
 
 
 def _mobilenet() -> tuple[nn.Module, int]:
-    # MobileNet v1, CIFAR variant (stride-1 stem, 32x32 inputs), d = 1024 (spec §0).
+    # MobileNet v1, CIFAR variant (stride-1 stem, 32x32 inputs), d = 1024 (the reference code's CIFAR-100 model).
     cfg = [64, (128, 2), 128, (256, 2), 256, (512, 2), 512, 512, 512, 512, 512, (1024, 2), 1024]
     layers: list[nn.Module] = [nn.Conv2d(3, 32, 3, padding=1, bias=False), _bn(32), nn.ReLU(inplace=True)]
     channels = 32
@@ -150,19 +150,5 @@ def build_model(name: str, num_classes: int, head_bias: bool = False,
     return Net(body, dim, num_classes, batch_stat_norm=(name == "mobilenet"), head_bias=head_bias)
 
 
-# --------------------------------------------------------------------------- evaluation order
-EVAL_BATCH_SIZE = 100  # test batch of the reference (spec §0); fixed, as batch statistics depend on it
-_EVAL_STREAM = 4242  # keeps the evaluation order's random stream apart from every other use of the seed
-
-
-def eval_order(n: int, seed: int, *stream: int) -> torch.Tensor:
-    """The order in which a batch-statistics model sees ``n`` evaluation samples: int64 ``[n]``.
-
-    A permutation of ``range(n)``, a pure function of ``(seed, *stream)``: the same in every round,
-    for every algorithm and after a resume. With BatchNorm on batch statistics a batch's predictions
-    depend on its class mix, and data stored by class (an image folder) would otherwise give
-    one-class batches whose statistics leak the label; a fixed shuffle gives each batch the class
-    mix of the whole set, as torchvision's interleaved CIFAR order does for the reference code.
-    """
-    rng = np.random.default_rng([int(seed), _EVAL_STREAM, *(int(s) for s in stream)])
-    return torch.from_numpy(rng.permutation(n).astype(np.int64))
+# --------------------------------------------------------------------------- evaluation batches
+EVAL_BATCH_SIZE = 100  # the reference code's test batch; fixed, as batch statistics depend on it

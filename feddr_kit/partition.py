@@ -2,13 +2,13 @@
 
 Each partitioner returns a :class:`Partition`: per-client train indices and per-client test
 indices drawn from the official test split, built exactly as the FedDr+ reference code does
-(spec/algorithms.md §11):
+(docs/fidelity.md):
 
-* ``shard`` (§11.1): each class is cut, in dataset order, into ``s·K/C`` shards; a shuffled
+* ``shard``: each class is cut, in dataset order, into ``s·K/C`` shards; a shuffled
   class list decides which classes each client gets; the test split reuses the same
   class assignment, so a client's test classes are its train classes.
-* ``dirichlet`` (§11.2, the FedML variant with the N/K cap, redrawn until every client has
-  ``min_size`` samples); test sets per §11.3: per class, as many test images as train
+* ``dirichlet`` (the FedML variant with the N/K cap, redrawn until every client has
+  ``min_size`` samples); its test sets: per class, as many test images as train
   images (truncated at what exists), sampled afresh for each client.
 * ``iid``: shuffle and split evenly; the test split likewise.
 * ``reference``: the FedDr+ reference code's own pre-computed partitions (``.npz`` files in
@@ -104,7 +104,7 @@ def iid(train_y, test_y, num_clients: int, seed: int = 0) -> Partition:
 
 def shard(train_y, test_y, num_clients: int = 100, shards_per_client: int = 2,
           seed: int = 0) -> Partition:
-    """Pathological non-IID sharding (FedAvg/FedBABU/FedNTD), per spec §11.1.
+    """Pathological non-IID sharding (FedAvg/FedBABU/FedNTD), as the reference code cuts shards.
 
     Every class is split in dataset order into ``shards_per_client·num_clients/C`` shards;
     each client gets ``shards_per_client`` shards of classes from a shuffled class list, and
@@ -121,7 +121,7 @@ def shard(train_y, test_y, num_clients: int = 100, shards_per_client: int = 2,
         raise FeddrKitError(f"shards_per_client: shards_per_client*num_clients = "
                             f"{s * num_clients} must be divisible by the {num_classes} classes")
     shard_per_class = s * num_clients // num_classes
-    if (shard_per_class * num_classes) % num_clients != 0:  # implied by the above; as [REF]
+    if (shard_per_class * num_classes) % num_clients != 0:  # implied by the above; checked, as the reference code does
         raise FeddrKitError(f"num_clients: {shard_per_class * num_classes} shards do not divide "
                             f"among {num_clients} clients")
     _check_shardable(train, num_classes, shard_per_class, "train_y")
@@ -137,7 +137,7 @@ def shard(train_y, test_y, num_clients: int = 100, shards_per_client: int = 2,
 
 def dirichlet(train_y, test_y, num_clients: int = 100, alpha: float = 0.1, seed: int = 0,
               min_size: int = 10, max_tries: int = 1000) -> Partition:
-    """Latent Dirichlet allocation of classes to clients (FedML variant), per spec §11.2–11.3.
+    """Latent Dirichlet allocation of classes to clients (FedML variant), as the reference code draws it.
 
     For each class, client shares ``p ~ Dir(alpha)``; clients already holding ``N/K`` samples
     get no more; the whole draw is repeated until every client has ``min_size`` samples (at
@@ -200,7 +200,8 @@ def reference_folder(reference_dir: str | os.PathLike | None = None) -> Path:
 
 def reference_scheme(path_or_name: str | os.PathLike) -> str | None:
     """``"shard"`` or ``"dirichlet"``, as a reference file's name says (``cifar10_shard_s2`` → ``"shard"``);
-    None when the name says neither. The loop draws local batches by this scheme's rule (spec §0)."""
+    None when the name says neither. Local training draws its batches by this scheme's rule
+    (:func:`feddr_kit.local.local_steps`)."""
     stem = Path(str(path_or_name)).name.removesuffix(".npz")
     for scheme in ("shard", "dirichlet"):
         if f"_{scheme}_" in f"_{stem}_":
@@ -223,7 +224,7 @@ def reference(path_or_name: str | os.PathLike, train_y, test_y, seed: int = 0,
     and split sizes are CIFAR's. Labels stored in one block per class (the image-folder copy of CIFAR,
     sorted by class) are refused:
     the file's indices cannot be mapped onto them. A file without test sets gets them drawn by the
-    kit's rule (spec §11.3, from ``seed``), with a warning saying so. Returns a ``Partition`` of kind
+    kit's rule (as :func:`dirichlet`'s test sets, from ``seed``), with a warning saying so. Returns a ``Partition`` of kind
     ``"reference"``; ``params["scheme"]`` is :func:`reference_scheme` of the file.
     """
     path = _reference_path(path_or_name, reference_dir)
@@ -261,7 +262,7 @@ def reference(path_or_name: str | os.PathLike, train_y, test_y, seed: int = 0,
     params = {"file": name, "num_clients": len(train_idx), "scheme": reference_scheme(name)}
     if test_idx is None:
         warnings.warn(f"{name} holds no test sets: each client's test set is drawn from test_y by the kit's "
-                      f"rule (spec §11.3: per class, as many as the client's train count) with seed={seed}",
+                      f"rule (per class, as many as the client's train count) with seed={seed}",
                       stacklevel=2)
         test_idx = _matching_test_sets(train, test, train_idx, num_classes, rng)
         params["test_seed"] = seed
@@ -369,11 +370,11 @@ def _dirichlet_draw(by_class: list[np.ndarray], n: int, num_clients: int, alpha:
         idx_c = rng.permutation(idx_c)
         p = rng.dirichlet(np.full(num_clients, alpha)) * (sizes < n / num_clients)
         if not p.sum() > 0:
-            # Every uncapped share underflowed to 0 (tiny alpha); [REF] would divide by zero.
+            # Every uncapped share underflowed to 0 (tiny alpha); the reference code would divide by zero.
             # Share the class evenly among the uncapped clients instead.
             p = (sizes < n / num_clients).astype(float)
         p = p / p.sum()
-        # As [REF]: cumsum(p) may end at 1 - eps, so the last client can receive one sample
+        # As the reference code: cumsum(p) may end at 1 - eps, so the last client can receive one sample
         # of a class even when capped. Kept for fidelity.
         cuts = (np.cumsum(p) * len(idx_c)).astype(int)[:-1]
         for j, part in enumerate(np.split(idx_c, cuts)):
@@ -385,7 +386,7 @@ def _dirichlet_draw(by_class: list[np.ndarray], n: int, num_clients: int, alpha:
 def _matching_test_sets(train: np.ndarray, test: np.ndarray, train_idx: list[np.ndarray],
                         num_classes: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Per client and class: test count = train count, truncated at the available test
-    samples; a fresh shuffle of the class's test indices for every client (spec §11.3)."""
+    samples; a fresh shuffle of the class's test indices for every client (the reference code's rule)."""
     test_by_class = [np.flatnonzero(test == c) for c in range(num_classes)]
     out = []
     for idx in train_idx:

@@ -1,6 +1,7 @@
-"""A run's ownership of its ``out_dir``: one run per folder, no results mixed, no debris left.
+"""A run's folder: who owns it, how its files are written, and its checkpoints.
 
-:func:`claim` is what :func:`feddr_kit.run` holds for its lifetime. On entry it makes sure the
+Ownership: one run per folder, no results mixed, no debris left. :func:`claim` is what
+:func:`feddr_kit.run` holds for its lifetime. On entry it makes sure the
 folder can be written (before any data is loaded), takes the folder's lock, removes the temporary
 files of killed runs, and refuses a fresh run into a folder holding another run's results unless
 ``overwrite`` (which then removes them). On exit, normal or not, it releases the lock.
@@ -8,16 +9,28 @@ files of killed runs, and refuses a fresh run into a folder holding another run'
 The lock is the file ``.lock`` in the folder, holding the owner's pid and host. It is held with
 ``flock``, which the kernel releases when its process dies, so a lock left by a killed run is
 recognized as stale and taken over (with a warning) instead of blocking the folder for ever.
+
+Files: every result file is written atomically (:func:`atomic_write`: a temporary file, then a
+rename), so a killed run never leaves a torn file. Checkpoints: :func:`save_checkpoint` writes the
+global state, the algorithm's state, the history and the RNG states; :func:`read_checkpoint` checks
+that a config may continue one, and :func:`restore` puts it back, so a resumed run continues bit for bit.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import math
 import os
 import socket
+import tempfile
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pandas as pd
+import torch
 
 from .errors import FeddrKitError
 
@@ -27,8 +40,17 @@ except ImportError:  # Windows: an exclusive-create lock, which a killed run lea
     fcntl = None
 
 LOCK = ".lock"
+CHECKPOINT = "checkpoint.pt"
 # The files a run writes; their presence means the folder already holds a run's results.
-RESULT_FILES = ("config.json", "history.csv", "summary.json", "checkpoint.pt")
+RESULT_FILES = ("config.json", "history.csv", "summary.json", CHECKPOINT)
+# The checkpoint layout this code writes and reads (the keys of save_checkpoint's dict).
+CHECKPOINT_VERSION = 1
+# Keys a checkpoint must hold to be resumed from.
+CHECKPOINT_KEYS = ("next_round", "config", "global_state", "algorithm_state", "history", "round_seconds",
+                   "torch_rng", "numpy_rng")
+# Fields that may differ between a run and its resumption. rounds and lr change the results from the
+# resumed round on (the schedule is recomputed; a smaller lr is the way on after a divergence).
+RESUMABLE_CHANGES = {"rounds", "lr", "progress", "out_dir", "overwrite", "checkpoint_every", "device"}
 
 
 def _umask() -> int:
@@ -167,3 +189,121 @@ def _unlock(out_dir: Path, fd: int) -> None:
     with contextlib.suppress(OSError):
         (out_dir / LOCK).unlink()
     os.close(fd)
+
+
+# --------------------------------------------------------------------------- atomic writes
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """Write a file through ``write(tmp_path)`` then rename it over ``path``: never a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        os.chmod(tmp, FILE_MODE)  # the mode a plain open() gives, not mkstemp's 0600
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Atomically write ``text`` to ``path``."""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically write ``obj`` as indented JSON (NaN written as null; NumPy scalars as numbers)."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        if isinstance(v, (np.floating, np.integer)):
+            return clean(v.item())
+        return v
+
+    write_text(path, json.dumps(clean(obj), indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------- checkpoints
+def save_checkpoint(out_dir: Path, next_round: int, global_state: dict[str, torch.Tensor], algo, rows: list[dict],
+                    round_seconds: list[float], cfg) -> None:
+    """Write ``out_dir/checkpoint.pt`` and ``history.csv``.
+
+    The checkpoint holds the global state (name -> tensor, saved on the CPU), ``algo.state_dict()``,
+    the history ``rows``, the ``round_seconds`` so far, ``cfg.to_dict()`` and torch's and NumPy's
+    global RNG states; ``next_round`` is the 0-based round a resume starts with.
+    """
+    ckpt = {
+        "version": CHECKPOINT_VERSION,
+        "next_round": next_round,
+        "config": cfg.to_dict(),
+        "global_state": {k: v.cpu() for k, v in global_state.items()},
+        "algorithm_state": algo.state_dict(),
+        "history": rows,
+        "round_seconds": round_seconds,
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": np.random.get_state(),
+    }
+    atomic_write(out_dir / CHECKPOINT, lambda tmp: torch.save(ckpt, tmp))
+    write_text(out_dir / "history.csv", pd.DataFrame(rows).to_csv(index=False))
+
+
+def read_checkpoint(out_dir: Path, cfg, default_regularizer: str) -> dict:
+    """Read ``out_dir/checkpoint.pt`` for a resume of ``cfg`` and check that ``cfg`` may continue it.
+
+    Raises :class:`FeddrKitError` (one line, the file left in place) when it is missing, unreadable
+    or of another :data:`CHECKPOINT_VERSION`, when a field outside :data:`RESUMABLE_CHANGES` differs,
+    or when ``cfg.rounds`` is below the rounds already done. A changed ``rounds`` or ``lr`` is
+    announced with a warning. ``default_regularizer``: the regularizer ``cfg.algorithm`` uses when none
+    is named, which is what a checkpoint that recorded ``regularizer=None`` (older versions) used.
+    """
+    path = out_dir / CHECKPOINT
+    if not path.exists():
+        raise FeddrKitError(f"resume=True but there is no checkpoint at {path}; run without resume first")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
+    except Exception as err:  # truncated, not a torch file, not a dict: all mean the same to the user
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        raise FeddrKitError(f"resume: {path} is unreadable ({type(err).__name__}: {reason}); it was left in place, "
+                            "move it away to start afresh with overwrite") from None
+    if missing:
+        raise FeddrKitError(f"resume: {path} is unreadable (not a feddr_kit checkpoint: no {', '.join(missing)}); "
+                            "it was left in place, move it away to start afresh with overwrite")
+    if ckpt.get("version") != CHECKPOINT_VERSION:
+        raise FeddrKitError(f"resume: {path} is a checkpoint of version {ckpt.get('version')!r}, but this feddr_kit "
+                            f"reads version {CHECKPOINT_VERSION}; resume it with the feddr_kit that wrote it")
+    saved = dict(ckpt["config"])
+    if saved.get("regularizer") is None:
+        saved["regularizer"] = default_regularizer
+    for name, value in cfg.to_dict().items():
+        if name not in RESUMABLE_CHANGES and saved.get(name, value) != value:
+            raise FeddrKitError(
+                f"resume: config field {name} is {value!r} but the checkpoint was made with {saved.get(name)!r}; "
+                f"only {', '.join(sorted(RESUMABLE_CHANGES))} may change on resume"
+            )
+    done = ckpt["next_round"]
+    if cfg.rounds < done:
+        raise FeddrKitError(f"rounds: {done} rounds are already done in {path}; resume with rounds >= {done}")
+    if saved["rounds"] != cfg.rounds:
+        warnings.warn(f"resuming with rounds={cfg.rounds} instead of {saved['rounds']}: the lr schedule is recomputed",
+                      stacklevel=5)
+    if saved.get("lr") != cfg.lr:
+        warnings.warn(f"resuming with lr={cfg.lr} instead of {saved.get('lr')} from round {done + 1} on",
+                      stacklevel=5)
+    return ckpt
+
+
+def restore(ckpt: dict, algo, device: torch.device) -> tuple[int, dict[str, torch.Tensor], list[dict], list[float]]:
+    """Put back a checkpoint read by :func:`read_checkpoint`: ``algo``'s state and the global RNGs.
+
+    Returns ``(next_round, global_state on device, history rows, round_seconds)``.
+    """
+    algo.load_state_dict(ckpt["algorithm_state"])
+    torch.set_rng_state(ckpt["torch_rng"])
+    np.random.set_state(ckpt["numpy_rng"])
+    state = {k: v.to(device) for k, v in ckpt["global_state"].items()}
+    return ckpt["next_round"], state, list(ckpt["history"]), list(ckpt["round_seconds"])

@@ -44,14 +44,15 @@ from tqdm.auto import tqdm
 from .config import Config
 from .data import ImageData
 from .errors import FeddrKitError
-from .federated import CHECKPOINT, load_data, write_json, write_text
+from .clients import load_data
 from .federated import run as run_one
+from .rundir import CHECKPOINT, write_json, write_text
 from .stats import Interval, difference, interval
 
 SUMMARY, CONFIG, HISTORY, ERROR, POINT, SWEEP, RESULTS = (
     "summary.json", "config.json", "history.csv", "error.txt", "point.json", "sweep.json", "results.json")
 # Fields that say where and how visibly a run goes, not what it computes: never part of a name,
-# never a mismatch. (``overwrite`` may not exist in every version of Config.)
+# never a mismatch.
 BOOKKEEPING = frozenset({"out_dir", "progress", "overwrite", "device", "checkpoint_every"})
 MAX_NAME = 120
 DONE, PARTIAL, FAILED = "done", "partial", "failed"

@@ -406,32 +406,39 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     :data:`feddr_kit.probes.PROBE_COLUMNS` (local model vs the shared global model).
     """
     from . import probes as probes_mod
+    from .streams import sample_clients
 
+    runs = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
+    if clients is None:
+        clients = sample_clients(seed, round, partition.num_clients, clients_per_round)
     rows = [{"run": label, "algorithm": name, "client": k, **probes_mod.compare(local, glob, py, observed)}
             for label, name, k, local, glob, py, observed in _local_updates(
-                global_model, data, partition, algorithms, round, clients, clients_per_round, local_epochs, lr, beta,
-                probe_samples, seed)]
+                global_model, data, partition, runs, clients=[int(c) for c in clients], round=round,
+                local_epochs=local_epochs, lr=lr, beta=beta, probe_samples=probe_samples, seed=seed)]
     return pd.DataFrame(rows)
 
 
-def _local_updates(global_model, data, partition, algorithms, round, clients, clients_per_round, local_epochs, lr,
-                   beta, probe_samples, seed):
-    """:func:`local_round_probes`'s training: yields ``(label, name, client, local_view, global_view, probe_y,
-    observed)`` per (loss, client), the views being :class:`feddr_kit.probes.ModelView` on the probe set and
-    ``observed`` the client's bool class mask ``[C]``."""
+def _local_updates(global_model: torch.nn.Module, data, partition, runs: dict[str, str], *, clients: list[int],
+                   round: int, local_epochs: int, lr: dict[str, float] | None, beta: float, probe_samples: int,
+                   seed: int):
+    """:func:`local_round_probes`'s training: every loss of ``runs`` (label -> algorithm name) trains each of
+    ``clients`` for one round (their stream ``(seed, round, client)``) from ``global_model``'s weights.
+
+    Yields ``(label, name, client, local_view, global_view, probe_y, observed)`` per (loss, client), the
+    views being :class:`feddr_kit.probes.ModelView` on the probe set and ``observed`` the client's bool
+    class mask ``[C]``.
+    """
     import copy
 
-    from .algorithms import ClientContext, get_algorithm
+    from .clients import Clients
     from .config import Config
-    from .federated import local_steps, probe_set, probe_view, sample_clients, train_client
+    from .evaluation import probe_set, probe_view
+    from .local import client_context, train_client
+    from .methods import get_algorithm
 
-    runs = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
     device = next(global_model.parameters()).device
     data = data.to(device)
-    counts = torch.from_numpy(partition.counts("train")).float().to(device)
-    if clients is None:
-        clients = sample_clients(seed, round, partition.num_clients, clients_per_round)
-    mean_size = len(data.train_y) // partition.num_clients
+    shared = Clients.of(data, partition, device)
     px, py = probe_set(data, probe_samples, seed, global_model)
     global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
     teacher = copy.deepcopy(global_model).eval().requires_grad_(False)
@@ -440,7 +447,6 @@ def _local_updates(global_model, data, partition, algorithms, round, clients, cl
                      lr=(lr or {}).get(name), partition=partition.kind,
                      reference_partition=partition.params["file"] if partition.kind == "reference" else None)
         algo = get_algorithm(cfg)
-        lr0 = cfg.lr if cfg.lr is not None else algo.initial_lr(cfg.model)
         model = copy.deepcopy(global_model)
         algo.setup(model, seed)  # the algorithm's own state (e.g. SCAFFOLD's zero control variates) ...
         try:
@@ -451,14 +457,11 @@ def _local_updates(global_model, data, partition, algorithms, round, clients, cl
         if model.head.bias is not None:
             model.head.bias.requires_grad_(not algo.head_frozen)
         g_view = probe_view(teacher, algo, data, px, py)
-        for k in [int(c) for c in clients]:
+        for k in clients:
             model.load_state_dict(global_state)
-            n = len(partition.train_indices[k])
-            idx = torch.from_numpy(partition.train_indices[k].astype(np.int64)).to(device)
-            ctx = ClientContext(client=k, round=round, lr=lr0, num_samples=n, num_steps=local_steps(n, cfg, mean_size),
-                                class_counts=counts[k], global_state=global_state)
-            train_client(model, teacher, algo, data, idx, ctx, cfg, device)
-            yield label, name, k, probe_view(model, algo, data, px, py), g_view, py, counts[k] > 0
+            ctx = client_context(algo, cfg, shared, k, round, algo.lr0, global_state)
+            train_client(model, teacher, algo, data, shared.indices[k], ctx, cfg, device)
+            yield label, name, k, probe_view(model, algo, data, px, py), g_view, py, shared.counts[k] > 0
 
 
 def client_classes(global_model, data, partition, client: int, algorithms=("dr",), round: int = 0,
@@ -475,8 +478,10 @@ def client_classes(global_model, data, partition, client: int, algorithms=("dr",
         raise FeddrKitError(f"client must be an integer in [0, {partition.num_clients}), got {client!r}")
     counts = partition.counts("train")[int(client)]
     rows = []
-    for label, _, _, local, glob, py, _ in _local_updates(global_model, data, partition, algorithms, round, [int(client)],
-                                                          1, local_epochs, lr, 0.9, probe_samples, seed):
+    runs = dict(algorithms) if isinstance(algorithms, dict) else {a: a for a in algorithms}
+    for label, _, _, local, glob, py, _ in _local_updates(global_model, data, partition, runs, clients=[int(client)],
+                                                          round=round, local_epochs=local_epochs, lr=lr, beta=0.9,
+                                                          probe_samples=probe_samples, seed=seed):
         y = py.cpu().numpy()
         for c in np.unique(y):
             m = torch.from_numpy(y == c).to(py.device)
@@ -497,7 +502,7 @@ def save_results(out_dir, results: dict, config: dict | None = None, name: str =
     """
     from pathlib import Path
 
-    from .federated import write_json
+    from .rundir import write_json
 
     path = Path(out_dir) / name
     write_json(path, {"results": results, "config": config or {}})

@@ -2,7 +2,7 @@
 ``fk.sweep.SWEEP_SCALE``) on shard s=2 and Dirichlet α=0.1, three seeds.
 
 Three families, each scored by the mean over the 100 clients of the accuracy of the client's
-personalized model on its own test set (spec §11.3):
+personalized model on its own test set (the partition's local test set):
 
 * "-FT" (two-step): the GFL runs of chapter 05 (the SAME configs and root, run by ``fk.sweep.run``
   with chapter 05's base and grid, so finished runs are reused), each fine-tuned on every client by

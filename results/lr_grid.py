@@ -17,7 +17,7 @@ import feddr_kit as fk
 
 CE_GRID = [0.01, 0.03, 0.1]
 NORMALIZED_GRID = [0.03, 0.1, 0.3, 1.0]
-# FedBABU, SCAFFOLD, FedNTD and FedExP take FedAvg's lr, as in the reference configs (spec §0).
+# FedBABU, SCAFFOLD, FedNTD and FedExP take FedAvg's lr, as in the reference code's configs.
 GRIDS = {"fedavg": CE_GRID, "dr": NORMALIZED_GRID, "feddr+": NORMALIZED_GRID,
          "spherefed": NORMALIZED_GRID, "fedetf": CE_GRID}
 OUT = Path(__file__).with_name("lr_grid.csv")

@@ -1,6 +1,6 @@
-"""The issue-4 baselines: SCAFFOLD, FedNTD, FedExP, SphereFed, FedETF, and the regularizers on every method.
+"""The baselines: SCAFFOLD, FedNTD, FedExP, SphereFed, FedETF, and the regularizers on every method.
 
-Hand-made tensors check each server/client rule against its formula (spec §5-§10); short runs on
+Hand-made tensors check each server/client rule against its formula; short runs on
 the synthetic set check that every algorithm trains on the shared loop, through the CLI too, and
 that the stateful ones resume exactly.
 """
@@ -375,7 +375,7 @@ def test_dr_regularizer_changes_training_by_its_one_minus_beta_share(synthetic, 
 
 def regularizer_closed_form(name: str, model: Net, teacher: Net, algo, x: torch.Tensor, y: torch.Tensor,
                             global_state: dict, cfg: fk.Config) -> float:
-    """Spec §10's regularizers written out from the models' outputs (not through ``losses``)."""
+    """The regularizers written out from the models' outputs (not through ``losses``)."""
     with torch.no_grad():
         h, h_g = model.features(x).double(), teacher.features(x).double()
         z, z_g = algo.logits(model, model.features(x)).double(), algo.logits(teacher, teacher.features(x)).double()

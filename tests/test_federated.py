@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import feddr_kit as fk
-from feddr_kit import federated
+from feddr_kit import federated, local
 from feddr_kit.algorithms import Batch, ClientContext, get_algorithm
 from feddr_kit.errors import FeddrKitError
 from feddr_kit.federated import lr_at, sample_clients
@@ -119,13 +119,13 @@ def test_feddr_plus_is_dr_with_feature_distillation(synthetic):
 
 def test_all_algorithms_share_the_client_stream(synthetic, monkeypatch):
     trained: list[tuple[int, int]] = []  # (round, client) of every local training, in order
-    train_client = federated.train_client
+    train_client = local.train_client
 
     def spy(model, teacher, algo, data, idx, ctx, cfg, device):
         trained.append((ctx.round, ctx.client))
         return train_client(model, teacher, algo, data, idx, ctx, cfg, device)
 
-    monkeypatch.setattr(federated, "train_client", spy)
+    monkeypatch.setattr(local, "train_client", spy)
     streams = {}
     for i, algorithm in enumerate(["fedavg", "feddr+", "fedetf"]):
         np.random.seed(100 + i)  # the global RNGs must not matter

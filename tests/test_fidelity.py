@@ -1,4 +1,4 @@
-"""Fidelity to the paper's runs (issue 9): each departure from the FedDr+ reference code that could move
+"""Fidelity to the paper's runs (docs/fidelity.md): each departure from the FedDr+ reference code that could move
 the paper's numbers is either removed or an explicit choice, and is pinned here against an
 independent computation (a closed form, a hand-written rule, or the spec's formulas in float64).
 
@@ -292,7 +292,7 @@ def test_fedexp_reference_step_runs_and_never_extrapolates(synthetic):
 
 # =========================================================================== 5. SCAFFOLD head gradient
 def reference_scaffold(params: dict[str, torch.Tensor], batches, c, c_i, lr, momentum, wd, zero_head):
-    """[REF]'s SCAFFOLD client steps, written out: CE gradient (head weight zeroed when asked), ``- c_i + c``,
+    """The FedDr+ reference code's SCAFFOLD client steps, written out: CE gradient (head weight zeroed when asked), ``- c_i + c``,
     then SGD with weight decay and momentum by hand. The model is ``relu(x W1ᵀ + b1) Whᵀ + bh``."""
     p = {n: v.clone().requires_grad_(True) for n, v in params.items()}
     buf = {}
@@ -391,7 +391,7 @@ def test_reference_partition_from_each_shipped_file(name):
         assert np.array_equal(part.train_indices[7], z["train_7"])
         if name not in WITHOUT_TESTS:
             assert np.array_equal(part.test_indices[7], z["test_7"])
-    if name in WITHOUT_TESTS:  # §11.3: per class, as many test images as train images (truncated)
+    if name in WITHOUT_TESTS:  # the Dirichlet test-set rule: per class, as many test images as train images (truncated)
         train_counts, test_counts = part.counts("train"), part.counts("test")
         available = np.bincount(test_y, minlength=classes)
         assert np.array_equal(test_counts, np.minimum(train_counts, available))
@@ -532,7 +532,7 @@ def test_local_round_probes_take_a_reference_partition(synthetic, tmp_path):
 
 # =========================================================================== FedDr+ against the spec's formulas
 def test_feddr_plus_loss_and_gradient_match_the_spec_formulas():
-    """Spec §1.4 in float64 from plain tensor ops: L = β·½·mean(cos - 1)² + (1-β)·mean((h - h_g)²), β = 0.9,
+    """FedDr+'s local loss in float64 from plain tensor ops: L = β·½·mean(cos - 1)² + (1-β)·mean((h - h_g)²), β = 0.9,
     cos = ⟨h/‖h‖, v_y⟩, on the raw features of a real kit cnn and of its teacher (the round's global model)."""
     cfg = fk.Config(algorithm="feddr+")
     algo = get_algorithm(cfg)

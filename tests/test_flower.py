@@ -53,6 +53,30 @@ def test_flower_apps_equal_fk_run_bit_for_bit(synthetic, algorithm):
     assert kit.history["test_acc"].iloc[-1] > 0.0  # it trained: not two runs of nothing
 
 
+def test_flower_run_writes_the_files_fk_run_writes(synthetic, tmp_path):
+    """config.json (the regularizer recorded as the one used, not None), history.csv and summary.json
+    equal fk.run's, but for the folder and the wall-clock times."""
+    cfg = fk.Config(algorithm="feddr+", **TINY)
+    assert cfg.regularizer is None  # each run decides it: feddr+'s own
+    kit, on_flower = tmp_path / "kit", tmp_path / "flower"
+    fk.run(cfg.replace(out_dir=str(kit)), data=synthetic)
+    flower.run_in_process(cfg.replace(out_dir=str(on_flower)), data=synthetic)
+
+    def read(folder: Path, name: str) -> dict:
+        return json.loads((folder / name).read_text())
+
+    config = {run: read(run, "config.json") for run in (kit, on_flower)}
+    assert {run: c.pop("out_dir") for run, c in config.items()} == {kit: str(kit), on_flower: str(on_flower)}
+    assert config[on_flower] == config[kit]
+    assert config[kit]["regularizer"] == fk.algorithms.ALGORITHMS["feddr+"].default_regularizer
+    timings = ("sec_per_round", "total_seconds")
+    summary = {run: {k: v for k, v in read(run, "summary.json").items() if k not in timings} for run in (kit, on_flower)}
+    assert summary[on_flower] == summary[kit]
+    assert summary[kit]["regularizer"] == config[kit]["regularizer"]
+    pd.testing.assert_frame_equal(pd.read_csv(on_flower / "history.csv").drop(columns="seconds"),
+                                  pd.read_csv(kit / "history.csv").drop(columns="seconds"), check_exact=True)
+
+
 def test_scaffold_client_state_lives_in_the_clients_context(synthetic):
     cfg = fk.Config(algorithm="scaffold", **TINY)
     kit = fk.run(cfg, data=synthetic)

@@ -1,4 +1,4 @@
-"""Tests that catch wrong math (issue 16): each pins a behaviour a plausible bug would change.
+"""Tests that catch wrong math: each pins a behaviour a plausible bug would change.
 
 Every expected value comes from an independent computation: a number worked out by hand, a
 closed form evaluated with plain Python floats, or a second path through the kit (a per-client
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import feddr_kit as fk
-from feddr_kit import federated, heads, losses, probes
+from feddr_kit import federated, heads, local, losses, probes
 from feddr_kit.algorithms import Batch, ClientContext, FedAvg, FedBABU, get_algorithm
 from feddr_kit.errors import FeddrKitError
 from feddr_kit.models import Net
@@ -62,7 +62,7 @@ def py_dot_regression(h: torch.Tensor, V: torch.Tensor, y: torch.Tensor) -> floa
 
 
 def py_regularizer(name: str, b: Batch, model: nn.Module, global_state: dict, cfg: fk.Config) -> float:
-    """Each regularizer of spec §10 written out element by element."""
+    """Each regularizer (``Algorithm.regularizer_loss``) written out element by element."""
     if name == "fd":
         diffs = [(a - g) ** 2 for ra, rg in zip(b.h.tolist(), b.h_g.tolist()) for a, g in zip(ra, rg)]
         return sum(diffs) / len(diffs)
@@ -456,7 +456,7 @@ def test_momentum_is_fresh_for_every_client(synthetic, monkeypatch):
 def test_fedetf_loss_sees_each_clients_own_counts(synthetic, monkeypatch):
     current: dict[str, int] = {}
     seen: list[tuple[int, torch.Tensor]] = []
-    train_client, balanced_softmax = federated.train_client, losses.balanced_softmax
+    train_client, balanced_softmax = local.train_client, losses.balanced_softmax
 
     def spy_train_client(model, teacher, algo, data, idx, ctx, cfg, device):
         current["client"] = ctx.client
@@ -466,7 +466,7 @@ def test_fedetf_loss_sees_each_clients_own_counts(synthetic, monkeypatch):
         seen.append((current["client"], class_counts.detach().cpu().clone()))
         return balanced_softmax(logits, y, class_counts)
 
-    monkeypatch.setattr(federated, "train_client", spy_train_client)
+    monkeypatch.setattr(local, "train_client", spy_train_client)
     monkeypatch.setattr(losses, "balanced_softmax", spy_balanced_softmax)
     result = fk.run(fk.Config(algorithm="fedetf", **TINY), data=synthetic)
     counts = result.partition.counts("train")

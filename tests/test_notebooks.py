@@ -1,7 +1,7 @@
 """The chapter notebooks: stored in a clean, executed state, and chapter 03 runs under papermill.
 
 nbval (``pytest --nbval-lax``, configured in pyproject.toml) re-executes every notebook with its
-default parameters; these tests add what nbval does not check: the conventions of DESIGN.md
+default parameters; these tests add what nbval does not check: the chapters' conventions
 (parameters cell, kernelspec, clean outputs) and a parameterized papermill run that writes
 ``results.json``.
 """

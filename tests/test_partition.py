@@ -1,4 +1,4 @@
-"""Tests of feddr_kit.partition (spec §11) and the partition heatmap: invariants under
+"""Tests of feddr_kit.partition and the partition heatmap: invariants under
 hypothesis on small label arrays, the paper's settings on real CIFAR-10, and bad inputs."""
 
 import math
@@ -42,7 +42,7 @@ def assert_counts_match_indices(part):
 
 
 def assert_cap_respected(part):
-    """The N/K cap (§11.2): classes are dealt out in order 0..C-1 and a client already
+    """The N/K cap of the Dirichlet rule: classes are dealt out in order 0..C-1 and a client already
     holding >= N/K samples gets no share of later classes. As in the reference code, the
     last client can still get 1 sample per later class: cumsum(p) ends at 1 - eps, and
     flooring it leaves the final sample to the last split."""
@@ -59,7 +59,7 @@ def same_partition(a, b) -> bool:
 
 
 # --------------------------------------------------------------------------------------
-# shard (§11.1)
+# shard
 # --------------------------------------------------------------------------------------
 
 @st.composite
@@ -153,7 +153,7 @@ def test_shard_accepts_torch_labels():
 
 
 # --------------------------------------------------------------------------------------
-# dirichlet (§11.2, §11.3)
+# dirichlet
 # --------------------------------------------------------------------------------------
 
 @st.composite

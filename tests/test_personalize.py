@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import feddr_kit as fk
-from feddr_kit import federated
+from feddr_kit import federated, local
 from feddr_kit.algorithms import ClientContext, get_algorithm
 from feddr_kit.errors import FeddrKitError
 from feddr_kit.models import Net
@@ -125,7 +125,6 @@ def test_perfedavg_two_step_update_matches_the_closed_form():
     y1, y2 = torch.tensor([0, 1, 2, 1]), torch.tensor([2, 2, 0, 1])
     opt = torch.optim.SGD(model.parameters(), lr=alpha, momentum=rho)
     ctx = context(algo, model, alpha, state(model))
-    ctx.extra["optimizer"] = opt
     algo.client_start(model, ctx)
     federated.local_step(model, None, algo, opt, x1, y1, ctx)
     gW1, gb1 = softmax_grads(W0, b0, x1, y1)
@@ -223,7 +222,7 @@ def test_finetune_improves_a_weak_feddr_model_and_keeps_the_etf_frozen(synthetic
 
 def test_finetune_freezes_the_etf_but_tunes_fedbabus_head(synthetic, monkeypatch):
     moved = {}
-    real = federated.train_client
+    real = local.train_client
 
     def spy(model, teacher, algo, data, idx, ctx, cfg, device):
         before = state(model)
@@ -231,10 +230,11 @@ def test_finetune_freezes_the_etf_but_tunes_fedbabus_head(synthetic, monkeypatch
         moved[(algo.name, ctx.client)] = {n: not torch.equal(v, model.state_dict()[n]) for n, v in before.items()}
         return out
 
-    monkeypatch.setattr(federated, "train_client", spy)
+    monkeypatch.setattr(local, "train_client", spy)
     for algorithm in ("feddr+", "fedbabu"):
         r = fk.run(fk.Config(algorithm=algorithm, **{**SMALL, "rounds": 1}), data=synthetic)
         fk.personalize.finetune(r, epochs=1, lr=0.01, data=synthetic)
+    assert {a for a, _ in moved} == {"feddr+", "fedbabu"}  # the spy saw every fine-tuning
     assert all(not m["head.weight"] and m["body.0.weight"] for (a, _), m in moved.items() if a == "feddr+")
     assert all(m["head.weight"] and m["head.bias"] for (a, _), m in moved.items() if a == "fedbabu")
 

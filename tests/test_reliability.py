@@ -230,6 +230,19 @@ def test_unreadable_checkpoint_is_one_line_naming_the_file_and_kept(copy_of_done
     assert path.read_bytes() == damaged
 
 
+def test_checkpoint_of_an_unknown_version_is_refused_in_one_line_and_kept(copy_of_done2):
+    path = copy_of_done2 / "checkpoint.pt"
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["version"] = rundir.CHECKPOINT_VERSION + 1  # written by a later layout
+    torch.save(ckpt, path)
+    written = path.read_bytes()
+    rc, _, err = cli("--rounds", "3", "--resume", "--out-dir", "run", cwd=copy_of_done2.parent)
+    assert rc == 2, err
+    (line,) = error_lines(err)
+    assert f"version {rundir.CHECKPOINT_VERSION + 1}" in line and f"reads version {rundir.CHECKPOINT_VERSION}" in line
+    assert path.read_bytes() == written
+
+
 def test_unusable_out_dir_is_refused_before_any_data_is_loaded(tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("not a folder")
@@ -318,7 +331,7 @@ def test_resume_of_a_checkpoint_that_saved_regularizer_none(synthetic, tmp_path)
     straight = fk.run(cfg.replace(out_dir=str(tmp_path / "straight"), rounds=3), data=synthetic)
     fk.run(cfg, data=synthetic)
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    ckpt["config"]["regularizer"] = None  # as versions before issue 10 saved it
+    ckpt["config"]["regularizer"] = None  # as older versions saved it (before a run recorded the regularizer it used)
     torch.save(ckpt, tmp_path / "checkpoint.pt")
     with pytest.warns(UserWarning, match="resuming with rounds=3 instead of 2"):
         resumed = fk.run(cfg.replace(rounds=3), data=synthetic, resume=True)

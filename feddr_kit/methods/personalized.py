@@ -1,4 +1,4 @@
-"""Personalized FL methods as algorithms on the shared round loop (spec §12): FedPer, FedRep,
+"""Personalized FL methods as algorithms on the shared round loop: FedPer, FedRep,
 Per-FedAvg (first-order, as implemented) and Ditto.
 
 Each keeps what is personal in the algorithm object, keyed by client id: FedPer's and FedRep's
@@ -9,26 +9,28 @@ continues bit for bit. A client that never took part has its method's initial st
 the common initial head; Ditto: the initial global model).
 
 At every evaluated round each method evaluates every client's personalized model on that client's
-own test set (spec §11.3) and adds ``personalized_acc`` (mean over all clients) and
+own test set (the partition's local test set) and adds ``personalized_acc`` (mean over all clients) and
 ``personalized_acc_seen`` (mean over the clients that have trained at least once) to the history.
 They run in the serial engine only.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-from typing import ClassVar
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from . import losses
-from .algorithms import _CE_LR, Algorithm, Batch, ClientContext, register
-from .models import Net
+from ..clients import Clients
+from ..local import ClientContext, client_context, client_optimizer, local_step, train_client
+from ..models import Net
+from ..streams import PERSONALIZED_EVAL_ROUND
+from .base import Algorithm, CrossEntropyOf, register
+from .global_fl import _CE_LR
 
 HEAD_KEYS = ("head.weight", "head.bias")
-# Generator stream of the evaluation-time adaptation step (Per-FedAvg), apart from the rounds' streams.
-EVAL_STREAM = 1_000_003
 
 
 class PersonalizedAlgorithm(Algorithm):
@@ -105,7 +107,7 @@ class PersonalizedAlgorithm(Algorithm):
 @register
 class FedPer(PersonalizedAlgorithm):
     """FedPer: every client trains all layers with CE from the global body and its own persistent head;
-    the server averages the body only, the heads never leave the clients (spec §12.1).
+    the server averages the body only, the heads never leave the clients.
 
     Personalized model of client k: the global body with k's head.
     """
@@ -138,11 +140,19 @@ class FedPer(PersonalizedAlgorithm):
         return {**global_state, **self.client_state(client)}
 
 
+@dataclass
+class _FedRepClient:
+    """FedRep's scratch for one client's round (``ctx.state``): its head-only steps and the steps taken."""
+
+    head_steps: int
+    steps: int = 0
+
+
 @register
 class FedRep(FedPer):
     """FedRep: with its own head loaded, a client first trains the head only for
     ``Config.fedrep_head_epochs`` epochs (body frozen), then the body only for ``local_epochs`` epochs
-    (head frozen); the server averages the body, heads persist (spec §12.2).
+    (head frozen); the server averages the body, heads persist.
 
     Frozen parts take no step at all (no gradient, so no weight decay nor momentum either), and the
     body is frozen by ``requires_grad`` during the head phase, so its backward is not computed.
@@ -162,13 +172,12 @@ class FedRep(FedPer):
     def client_start(self, model: Net, ctx: ClientContext) -> None:
         super().client_start(model, ctx)
         h, e = self.cfg.fedrep_head_epochs, self.cfg.local_epochs
-        ctx.extra["fedrep_head_steps"] = ctx.num_steps * h // (h + e)
-        ctx.extra["fedrep_steps"] = 0
-        self._train_only(model, head=ctx.extra["fedrep_head_steps"] > 0)
+        ctx.state = _FedRepClient(head_steps=ctx.num_steps * h // (h + e))
+        self._train_only(model, head=ctx.state.head_steps > 0)
 
     def before_step(self, model: Net, ctx: ClientContext) -> None:
-        ctx.extra["fedrep_steps"] += 1
-        if ctx.extra["fedrep_steps"] == ctx.extra["fedrep_head_steps"]:  # the last head step: body next
+        ctx.state.steps += 1
+        if ctx.state.steps == ctx.state.head_steps:  # the last head step: body next
             self._train_only(model, head=False)
 
     def client_end(self, model: Net, ctx: ClientContext) -> dict:
@@ -178,16 +187,27 @@ class FedRep(FedPer):
         return super().client_end(model, ctx)
 
 
+@dataclass
+class _PerFedAvgClient:
+    """Per-FedAvg's scratch for one client's round (``ctx.state``): its trainable parameters, the steps
+    taken, and ``w`` (the parameters before the pair's first step)."""
+
+    params: list[torch.Tensor]
+    steps: int = 0
+    w: list[torch.Tensor] | None = None
+
+
 @register
 class PerFedAvg(PersonalizedAlgorithm):
-    """Per-FedAvg, first-order, as the FedBABU/[REF] code implements it (spec §12.3).
+    """Per-FedAvg, first-order, as the FedBABU and FedDr+ reference code implement it.
 
     Local steps go in pairs of batches (D, D′): ``w̃ = w − α·∇L(w; D)`` then, from ``w`` again,
     ``w ← w − β·∇L(w̃; D′)``, with one SGD optimizer (its momentum shared by both steps). ``α`` is the
     round's lr, ``β`` is ``Config.perfedavg_beta`` (None: the run's initial lr). The server averages ``w``.
 
-    Personalized model of client k: from the global ``w``, one plain SGD step at the round's lr on one
-    batch of k's own training data (not its test data: the reference's bug), then k's test set.
+    Personalized model of client k: from the global ``w``, one plain SGD step (cross-entropy, no
+    momentum, no weight decay) at the round's lr on one batch of k's own training data (not its test
+    data: the reference code's bug, see docs/fidelity.md), then k's test set.
     """
 
     name = "perfedavg"
@@ -197,53 +217,51 @@ class PerFedAvg(PersonalizedAlgorithm):
 
     @property
     def beta(self) -> float:
-        if self.cfg.perfedavg_beta is not None:
-            return self.cfg.perfedavg_beta
-        return self.cfg.lr if self.cfg.lr is not None else self.initial_lr(self.cfg.model)
+        """The outer step size: ``Config.perfedavg_beta``, or when None the run's initial lr."""
+        return self.cfg.perfedavg_beta if self.cfg.perfedavg_beta is not None else self.lr0
 
     def client_start(self, model: Net, ctx: ClientContext) -> None:
-        ctx.extra["pfa_params"] = [p for p in model.parameters() if p.requires_grad]
-        ctx.extra["pfa_steps"] = 0
+        ctx.state = _PerFedAvgClient([p for p in model.parameters() if p.requires_grad])
 
     @torch.no_grad()
     def before_step(self, model: Net, ctx: ClientContext) -> None:
-        opt, params = ctx.extra["optimizer"], ctx.extra["pfa_params"]
-        inner = ctx.extra["pfa_steps"] % 2 == 0
+        own = ctx.state
+        inner = own.steps % 2 == 0
         if inner:  # the step to w̃ on D: remember w
-            ctx.extra["pfa_w"] = [p.detach().clone() for p in params]
+            own.w = [p.detach().clone() for p in own.params]
         else:  # gradient taken at w̃ on D′: step from w
-            for p, w in zip(params, ctx.extra["pfa_w"]):
+            for p, w in zip(own.params, own.w):
                 p.copy_(w)
-        for group in opt.param_groups:
+        for group in ctx.optimizer.param_groups:
             group["lr"] = ctx.lr if inner else self.beta
-        ctx.extra["pfa_steps"] += 1
+        own.steps += 1
 
     def client_accuracies(self, model, global_state, evaluator, round, lr):
-        from .federated import client_generator  # the loop's module imports this one
-
-        data, part = evaluator.data, evaluator.partition
+        data, device = evaluator.data, evaluator.data.train_x.device
+        clients = Clients.of(data, evaluator.partition, device)
+        adapt, plain = CrossEntropyOf(self), self.cfg.replace(momentum=0.0, weight_decay=0.0)
         accs = []
         for k in range(evaluator.num_clients):
             model.load_state_dict(global_state)
-            idx = torch.from_numpy(np.asarray(part.train_indices[k], dtype=np.int64)).to(data.train_x.device)
-            gen = client_generator(self.cfg.seed, EVAL_STREAM + round, k, data.train_x.device)
-            batch = idx[torch.randperm(len(idx), generator=gen, device=idx.device)[: self.cfg.batch_size]]
-            model.train()
-            params = [p for p in model.parameters() if p.requires_grad]
-            x = data.train_batch(batch, gen)
-            loss = self.loss(model, Batch(x=x, y=data.train_y[batch], h=(h := model.features(x)),
-                                          z=self.logits(model, h)), None)
-            grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                torch._foreach_add_(params, list(grads), alpha=-lr)
+            ctx = client_context(adapt, plain, clients, k, PERSONALIZED_EVAL_ROUND + round, lr, global_state, num_steps=1)
+            train_client(model, None, adapt, data, clients.indices[k], ctx, plain, device)
             accs.append(evaluator.client_accuracy(model, self, k))
         return accs
+
+
+@dataclass
+class _DittoClient:
+    """Ditto's scratch for one client's round (``ctx.state``): the SGD optimizer of the personal model
+    ``v`` and the context its steps run in (the client's, without the instruments)."""
+
+    opt: torch.optim.Optimizer
+    personal_ctx: ClientContext
 
 
 @register
 class Ditto(PersonalizedAlgorithm):
     """Ditto: the global model by FedAvg, plus a persistent personal model ``v_k`` per client, never
-    aggregated, trained on the same local batches as the client's copy of ``w`` (spec §12.4)::
+    aggregated, trained on the same local batches as the client's copy of ``w``::
 
         v ← v − η·∇F_k(v)              (SGD with the run's momentum and weight decay)
         v ← v − η·λ·(v_prev − w^t)     (v_prev: v before the step, w^t: the round-start global)
@@ -253,6 +271,10 @@ class Ditto(PersonalizedAlgorithm):
     """
 
     name = "ditto"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.personal_loss = CrossEntropyOf(self)  # v's own step: plain cross-entropy, no regularizer
 
     def setup(self, model: Net, seed: int) -> None:
         super().setup(model, seed)
@@ -266,25 +288,16 @@ class Ditto(PersonalizedAlgorithm):
         self.personal.load_state_dict(self.client_state(ctx.client))
         self.personal.train()
         params = dict(self.personal.named_parameters())
-        ctx.extra["ditto_names"] = [n for n in self.trainable_names]
-        ctx.extra["ditto_opt"] = torch.optim.SGD([params[n] for n in ctx.extra["ditto_names"]], lr=ctx.lr,
-                                                 momentum=self.cfg.momentum, weight_decay=self.cfg.weight_decay)
-
-    def task_loss(self, model: Net, b: Batch, ctx: ClientContext) -> torch.Tensor:
-        ctx.extra["ditto_batch"] = (b.x, b.y)  # the personal step in before_step uses the same batch
-        return losses.cross_entropy(b.z, b.y)
+        opt = client_optimizer([params[n] for n in self.trainable_names], ctx.lr, self.cfg)
+        ctx.state = _DittoClient(opt, dataclasses.replace(ctx, gradients=None))
 
     def before_step(self, model: Net, ctx: ClientContext) -> None:
-        x, y = ctx.extra.pop("ditto_batch")
-        v, opt = self.personal, ctx.extra["ditto_opt"]
-        params = dict(v.named_parameters())
-        loss = losses.cross_entropy(self.logits(v, v.features(x)), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        x, y = ctx.batch  # v steps on the batch the client's copy of w has just taken its gradient on
+        params = dict(self.personal.named_parameters())
+        prev = [params[n].detach().clone() for n in self.trainable_names]
+        local_step(self.personal, None, self.personal_loss, ctx.state.opt, x, y, ctx.state.personal_ctx)
         with torch.no_grad():
-            prev = [params[n].detach().clone() for n in ctx.extra["ditto_names"]]
-            opt.step()
-            for n, p_prev in zip(ctx.extra["ditto_names"], prev):
+            for n, p_prev in zip(self.trainable_names, prev):
                 params[n].sub_(ctx.lr * self.cfg.ditto_lambda * (p_prev - ctx.global_state[n]))
 
     def client_end(self, model: Net, ctx: ClientContext) -> dict:

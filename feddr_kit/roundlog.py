@@ -1,0 +1,160 @@
+"""The record of a run: each round's time, the history rows of the evaluated rounds, the callback, the
+checkpoints and, at the end, the summary and the :class:`Result`. :func:`feddr_kit.run` and the
+Flower strategy keep their record with the same :class:`RoundLog`, so their files are the same.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from . import instruments, rundir
+from .build import Run
+from .config import Config
+from .data import ImageData
+from .evaluation import Evaluator
+from .methods import Algorithm
+from .models import Net
+from .partition import Partition
+from .rundir import save_checkpoint, write_json, write_text
+from .schedule import RoundPlan
+
+
+@dataclass
+class Result:
+    """What :func:`feddr_kit.run` returns (and the Flower apps' :func:`feddr_kit.flower.run_on_grid`).
+
+    ``history``: one row per evaluated round (``round``, ``lr``, ``test_acc``, ``local_test_acc``,
+    ``feature_norm``, ``train_loss``, ``seconds``, and the instruments', probes' and personalized
+    methods' columns where they apply); ``summary``: final / best / last-5 accuracy, seconds per round, …;
+    ``model``: the global model in its reported state; ``partition``, ``algorithm``, ``config`` as used;
+    ``out_dir`` or None.
+    """
+
+    config: Config
+    history: pd.DataFrame
+    summary: dict[str, Any]
+    model: Net
+    algorithm: Algorithm
+    partition: Partition
+    data: ImageData
+    out_dir: Path | None
+
+
+def evaluate_global(setup: Run, evaluator: Evaluator, global_state: dict[str, torch.Tensor], plan: RoundPlan,
+                    losses: list[float]) -> dict[str, Any]:
+    """A history row (without ``seconds``) for the global state after ``plan``'s round: round, lr,
+    test and local test accuracy of ``algo.eval_state(global_state)``, the clients' mean train loss.
+    Personalized methods add their columns (``algo.personalized_metrics``, e.g. ``personalized_acc``).
+    Leaves that evaluated state in ``setup.model``."""
+    setup.model.load_state_dict(setup.algo.eval_state(global_state))
+    row = {"round": plan.round + 1, "lr": plan.lr, **evaluator(setup.model, setup.algo),
+           "train_loss": float(np.mean(losses))}
+    row.update(setup.algo.personalized_metrics(setup.model, global_state, evaluator, plan.round, plan.lr))
+    return row
+
+
+def checkpoint_due(cfg: Config, round: int) -> bool:
+    """Whether a checkpoint is written after round ``round`` (0-based): every ``checkpoint_every`` and at the end."""
+    return bool(cfg.checkpoint_every and (round + 1) % cfg.checkpoint_every == 0) or round == cfg.rounds - 1
+
+
+def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr0: float) -> dict[str, Any]:
+    """Summary of a run: final / best / mean-of-last-5 accuracy, median seconds per round, the setting.
+
+    ``lr0`` is the initial lr of the schedule in force (after a resume with a new lr, the new one).
+    """
+    acc = history["test_acc"]
+    return {
+        "final_acc": float(acc.iloc[-1]),
+        "best_acc": float(acc.max()),
+        "last5_acc": float(acc.tail(5).mean()),
+        "final_local_acc": float(history["local_test_acc"].iloc[-1]),
+        **({"final_personalized_acc": float(history["personalized_acc"].iloc[-1])}
+           if "personalized_acc" in history else {}),
+        "sec_per_round": float(statistics.median(round_seconds)),
+        "total_seconds": float(sum(round_seconds)),
+        "rounds": int(history["round"].iloc[-1]),
+        "algorithm": cfg.algorithm,
+        "regularizer": cfg.regularizer,
+        "model": cfg.model,
+        "dataset": cfg.dataset,
+        "partition": cfg.partition,
+        "lr0": lr0,
+        "seed": cfg.seed,
+    }
+
+
+class RoundLog:
+    """The record of a run, the same for :func:`feddr_kit.run` and for Flower's strategy: each round's time, the
+    history rows of the evaluated rounds, the callback, the checkpoints and, at the end, the :class:`Result`.
+
+    With ``out_dir`` it writes ``config.json`` at once, ``history.csv`` and ``checkpoint.pt`` when a
+    checkpoint is due and ``summary.json`` at the end. A ``checkpoint`` (read by
+    :func:`feddr_kit.rundir.read_checkpoint`) is restored first: then ``start`` and ``start_state`` are the
+    round and global state to continue from, else 0 and ``setup.initial_state``. ``callback(row)`` is
+    called with every history row (a dict).
+    """
+
+    def __init__(self, setup: Run, out_dir: Path | None = None, callback: Callable[[dict], None] | None = None,
+                 checkpoint: dict | None = None):
+        self.setup, self.cfg, self.out_dir, self.callback = setup, setup.cfg, out_dir, callback
+        self.start, self.start_state, self.rows, self.round_seconds = 0, setup.initial_state, [], []
+        if checkpoint is not None:
+            self.start, self.start_state, self.rows, self.round_seconds = rundir.restore(checkpoint, setup.algo,
+                                                                                         setup.device)
+        if out_dir is not None:
+            write_text(out_dir / "config.json", self.cfg.to_json() + "\n")
+        self.evaluator = Evaluator(setup.data, setup.partition, self.cfg.seed)
+        self.bar = tqdm(total=self.cfg.rounds, initial=self.start, desc=f"{self.cfg.algorithm}",
+                        disable=not self.cfg.progress, dynamic_ncols=True)
+        self._t0 = 0.0
+
+    def start_round(self) -> None:
+        """Start the clock of a round."""
+        self._t0 = time.perf_counter()
+
+    def end_round(self, plan: RoundPlan, global_state: dict[str, torch.Tensor], losses: list[float],
+                  gradients: list[instruments.GradientRatios | None], probe_rows: list[dict] = ()) -> dict | None:
+        """Close ``plan``'s round on its new ``global_state``: on an evaluated round the history row
+        (:func:`evaluate_global`, the instruments' ratios, ``seconds``, the mean of ``probe_rows``) is
+        added, shown and given to the callback; the round's seconds are kept; a due checkpoint is
+        written. Returns the row, or None on a round that is not evaluated."""
+        row = None
+        if plan.evaluating:
+            row = evaluate_global(self.setup, self.evaluator, global_state, plan, losses)
+            row.update(instruments.round_ratios(gradients))
+        seconds = time.perf_counter() - self._t0
+        if row is not None:
+            row["seconds"] = seconds
+            if probe_rows:
+                row.update(pd.DataFrame(probe_rows).mean(skipna=True).to_dict())
+            self.rows.append(row)
+            self.bar.set_postfix(acc=f"{row['test_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
+            if self.callback is not None:
+                self.callback(dict(row))
+        self.round_seconds.append(seconds)
+        self.bar.update(1)
+        if self.out_dir is not None and checkpoint_due(self.cfg, plan.round):
+            save_checkpoint(self.out_dir, plan.round + 1, global_state, self.setup.algo, self.rows,
+                            self.round_seconds, self.cfg)
+        return row
+
+    def finish(self, global_state: dict[str, torch.Tensor]) -> Result:
+        """The :class:`Result` of the finished run (``setup.model`` in the reported state); writes
+        ``summary.json`` to ``out_dir`` when given."""
+        self.bar.close()
+        setup = self.setup
+        setup.model.load_state_dict(setup.algo.eval_state(global_state))
+        history = pd.DataFrame(self.rows)
+        summary = summarize(history, self.round_seconds, self.cfg, setup.lr0)
+        if self.out_dir is not None:
+            write_json(self.out_dir / "summary.json", summary)
+        return Result(self.cfg, history, summary, setup.model, setup.algo, setup.partition, setup.data, self.out_dir)
