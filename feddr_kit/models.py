@@ -110,13 +110,38 @@ def _mobilenet() -> tuple[nn.Module, int]:
     return nn.Sequential(*layers), 1024
 
 
-_BUILDERS = {"cnn": _cnn, "vgg11": _vgg11, "mobilenet": _mobilenet}
+class SpaceToDepth(nn.Module):
+    def forward(self, x):
+        return nn.functional.pixel_unshuffle(x, 2)
+
+
+def _convnet_bn(widths: tuple[int, ...], s2d: bool = False, pools=None):
+    def build() -> tuple[nn.Module, int]:
+        layers: list[nn.Module] = [SpaceToDepth()] if s2d else []
+        channels = 12 if s2d else 3
+        for i, out in enumerate(widths):
+            layers += [nn.Conv2d(channels, out, 3, padding=1, bias=False), _bn(out), nn.ReLU(inplace=True)]
+            if pools is None or pools[i]:
+                layers.append(nn.MaxPool2d(2))
+            channels = out
+        layers.append(GlobalAvgPool())
+        return nn.Sequential(*layers), channels
+    return build
+
+
+_BUILDERS = {"cnn": _cnn, "vgg11": _vgg11, "mobilenet": _mobilenet,
+             "bn3s": _convnet_bn((32, 64, 128)), "bn3m": _convnet_bn((64, 128, 256)), "bn4s": _convnet_bn((32, 64, 128, 256)),
+             "s2d48": _convnet_bn((48, 96, 192), True), "s2d64": _convnet_bn((64, 128, 256), True), "s2d32": _convnet_bn((32, 64, 128), True),
+             "s2d96": _convnet_bn((96, 192, 384), True),
+             "s2d48d": _convnet_bn((48, 96, 96, 192), True, (1, 0, 1, 1)), "s2d64n": _convnet_bn((64, 128, 256), True, (1, 1, 0))}
 MODELS = tuple(_BUILDERS)
 # Image sides (pixels) each model takes: (smallest, largest or None). cnn: two 5x5 convs and 2x2 pools
 # must leave the 5x5 maps its first linear layer expects (32-35); vgg11: five 2x2 pools must leave
 # the 1x1 map of its linear layers (32-63); mobilenet: four stride-2 stages must leave more than one
 # value per channel for BatchNorm's batch statistics on a one-image batch (>= 17), then pools globally.
-IMAGE_SIZES: dict[str, tuple[int, int | None]] = {"cnn": (32, 35), "vgg11": (32, 63), "mobilenet": (17, None)}
+IMAGE_SIZES: dict[str, tuple[int, int | None]] = {"cnn": (32, 35), "vgg11": (32, 63), "mobilenet": (17, None),
+    "bn3s": (8, None), "bn3m": (8, None), "bn4s": (16, None),
+    "s2d48": (16, None), "s2d64": (16, None), "s2d32": (16, None), "s2d96": (16, None), "s2d48d": (16, None), "s2d64n": (16, None)}
 
 
 def check_image_size(name: str, image_size: int | tuple[int, int]) -> None:
@@ -147,7 +172,8 @@ def build_model(name: str, num_classes: int, head_bias: bool = False,
     if image_size is not None:
         check_image_size(name, image_size)
     body, dim = _BUILDERS[name]()
-    return Net(body, dim, num_classes, batch_stat_norm=(name == "mobilenet"), head_bias=head_bias)
+    batch_stat = any(isinstance(m, nn.BatchNorm2d) and not m.track_running_stats for m in body.modules())
+    return Net(body, dim, num_classes, batch_stat_norm=batch_stat, head_bias=head_bias)
 
 
 # --------------------------------------------------------------------------- evaluation batches
