@@ -7,6 +7,7 @@ gives the raw feature ``[B, feature_dim]`` and ``net(x) = net.head(net.features(
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import nn
@@ -111,37 +112,80 @@ def _mobilenet() -> tuple[nn.Module, int]:
 
 
 class SpaceToDepth(nn.Module):
-    def forward(self, x):
+    """``[B, C, H, W]`` → ``[B, 4C, H/2, W/2]``: each 2×2 block of pixels becomes one position with its
+    four pixels as channels. Nothing is lost (it is a permutation of the input's values), unlike a
+    stride or a pooling, and every later layer runs on a quarter of the positions."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.pixel_unshuffle(x, 2)
 
 
-def _convnet_bn(widths: tuple[int, ...], s2d: bool = False, pools=None):
-    def build() -> tuple[nn.Module, int]:
-        layers: list[nn.Module] = [SpaceToDepth()] if s2d else []
-        channels = 12 if s2d else 3
-        for i, out in enumerate(widths):
-            layers += [nn.Conv2d(channels, out, 3, padding=1, bias=False), _bn(out), nn.ReLU(inplace=True)]
-            if pools is None or pools[i]:
-                layers.append(nn.MaxPool2d(2))
-            channels = out
-        layers.append(GlobalAvgPool())
-        return nn.Sequential(*layers), channels
-    return build
+def conv_bn_stages(in_channels: int, widths: tuple[int, ...], pool_first: bool = False) -> list[nn.Module]:
+    """Stages of 3×3 convolution (no bias), BatchNorm on batch statistics, ReLU and 2×2 max-pooling, one
+    stage per width in ``widths``; each halves the side and sets the channels. ``pool_first`` pools right
+    after the convolution (conv, pool, BN, ReLU, as airbench's blocks), so BatchNorm and ReLU run on a
+    quarter of the positions."""
+    layers: list[nn.Module] = []
+    for out in widths:
+        conv = nn.Conv2d(in_channels, out, 3, padding=1, bias=False)
+        if pool_first:
+            layers += [conv, nn.MaxPool2d(2), _bn(out), nn.ReLU(inplace=True)]
+        else:
+            layers += [conv, _bn(out), nn.ReLU(inplace=True), nn.MaxPool2d(2)]
+        in_channels = out
+    return layers
 
 
-_BUILDERS = {"cnn": _cnn, "vgg11": _vgg11, "mobilenet": _mobilenet,
-             "bn3s": _convnet_bn((32, 64, 128)), "bn3m": _convnet_bn((64, 128, 256)), "bn4s": _convnet_bn((32, 64, 128, 256)),
-             "s2d48": _convnet_bn((48, 96, 192), True), "s2d64": _convnet_bn((64, 128, 256), True), "s2d32": _convnet_bn((32, 64, 128), True),
-             "s2d96": _convnet_bn((96, 192, 384), True),
-             "s2d48d": _convnet_bn((48, 96, 96, 192), True, (1, 0, 1, 1)), "s2d64n": _convnet_bn((64, 128, 256), True, (1, 1, 0))}
+CNN_BN_WIDTHS = (48, 96, 192)
+
+
+def _cnn_bn() -> tuple[nn.Module, int]:
+    # The teaching model, chosen by measurement (docs/teaching_scale.md): a space-to-depth stem (32x32x3
+    # to 16x16x12, lossless), three conv-pool-BN-ReLU stages and a global average, d = 192, about 0.21 M
+    # parameters. BatchNorm uses batch statistics at train and eval, as the paper's MobileNet, which
+    # puts FedDr+'s FD:DR gradient ratio near MobileNet's; the stem and the early pooling keep a CPU
+    # step at a quarter of the positions.
+    return (nn.Sequential(SpaceToDepth(), *conv_bn_stages(12, CNN_BN_WIDTHS, pool_first=True), GlobalAvgPool()),
+            CNN_BN_WIDTHS[-1])
+
+
+_BUILDERS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
+    "cnn_bn": _cnn_bn, "cnn": _cnn, "vgg11": _vgg11, "mobilenet": _mobilenet}
 MODELS = tuple(_BUILDERS)
 # Image sides (pixels) each model takes: (smallest, largest or None). cnn: two 5x5 convs and 2x2 pools
 # must leave the 5x5 maps its first linear layer expects (32-35); vgg11: five 2x2 pools must leave
 # the 1x1 map of its linear layers (32-63); mobilenet: four stride-2 stages must leave more than one
-# value per channel for BatchNorm's batch statistics on a one-image batch (>= 17), then pools globally.
-IMAGE_SIZES: dict[str, tuple[int, int | None]] = {"cnn": (32, 35), "vgg11": (32, 63), "mobilenet": (17, None),
-    "bn3s": (8, None), "bn3m": (8, None), "bn4s": (16, None),
-    "s2d48": (16, None), "s2d64": (16, None), "s2d32": (16, None), "s2d96": (16, None), "s2d48d": (16, None), "s2d64n": (16, None)}
+# value per channel for BatchNorm's batch statistics on a one-image batch (>= 17), then pools globally;
+# cnn_bn: the stem and three pools come before its last BatchNorm, which needs more than one value per
+# channel on a one-image batch, so a 2x2 map (>= 32; even sides for the stem).
+IMAGE_SIZES: dict[str, tuple[int, int | None]] = {"cnn_bn": (32, None), "cnn": (32, 35), "vgg11": (32, 63),
+                                                  "mobilenet": (17, None)}
+# Models whose sides must be a multiple of a number (cnn_bn's space-to-depth stem takes 2x2 blocks).
+SIDE_MULTIPLES: dict[str, int] = {"cnn_bn": 2}
+
+
+def register(name: str, builder: Callable[[], tuple[nn.Module, int]], image_sizes: tuple[int, int | None],
+             side_multiple: int = 1) -> None:
+    """Add a model that ``Config(model=name)`` and :func:`build_model` then accept.
+
+    ``builder()`` returns ``(body, feature_dim)``: a module mapping images ``[B, 3, H, W]`` to features
+    ``[B, feature_dim]``, its parameters drawn from torch's global RNG. ``image_sizes`` is the
+    ``(smallest, largest or None)`` side it takes, and ``side_multiple`` a number every side must be a
+    multiple of (2 for a space-to-depth stem). A BatchNorm without running statistics anywhere in
+    the body makes the model a batch-statistics one (evaluated in fixed batches). Registration lasts
+    for the process (a Flower SuperNode or a papermill kernel must register it too).
+    """
+    global MODELS
+    if not isinstance(name, str) or not name or name in _BUILDERS:
+        raise FeddrKitError(f"register: the model name must be a new non-empty string, got {name!r}"
+                            + (f" (already one of {', '.join(MODELS)})" if name in _BUILDERS else ""))
+    if not callable(builder):
+        raise FeddrKitError(f"register: builder must be a function returning (body, feature_dim), got {builder!r}")
+    _BUILDERS[name] = builder
+    IMAGE_SIZES[name] = image_sizes
+    if side_multiple > 1:
+        SIDE_MULTIPLES[name] = side_multiple
+    MODELS = tuple(_BUILDERS)
 
 
 def check_image_size(name: str, image_size: int | tuple[int, int]) -> None:
@@ -152,11 +196,16 @@ def check_image_size(name: str, image_size: int | tuple[int, int]) -> None:
         takes = f"{low}x{low} up to {high}x{high}" if high is not None else f"at least {low}x{low}"
         raise FeddrKitError(f"model {name!r} takes images of {takes} pixels, but these are {h}x{w}; "
                             f"resize the images or pick another model")
+    multiple = SIDE_MULTIPLES.get(name, 1)
+    if h % multiple or w % multiple:
+        raise FeddrKitError(f"model {name!r} takes images whose sides are multiples of {multiple} pixels, but these are "
+                            f"{h}x{w}; resize the images or pick another model")
 
 
 def build_model(name: str, num_classes: int, head_bias: bool = False,
                 image_size: int | tuple[int, int] | None = None) -> Net:
-    """Build a model by name: ``"cnn"`` (small, CPU-friendly, d=128), ``"vgg11"`` (d=512), ``"mobilenet"`` (d=1024).
+    """Build a model by name: ``"cnn_bn"`` (the teaching model, BatchNorm, d=192), ``"cnn"`` (the earlier small
+    model, no normalization, d=128), ``"vgg11"`` (d=512) or ``"mobilenet"`` (d=1024), or one added by :func:`register`.
 
     The head is PyTorch's default-initialized ``nn.Linear(d, num_classes, bias=head_bias)``;
     algorithms replace or freeze it (each says whether it wants a bias: ``Algorithm.head_bias``).

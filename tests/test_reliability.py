@@ -31,10 +31,10 @@ from feddr_kit.models import IMAGE_SIZES, build_model
 
 REPO = Path(__file__).resolve().parents[1]
 # P of the issue, at the smallest scale; every evaluated round is checkpointed.
-CLI = [sys.executable, "-m", "feddr_kit", "run", "--dataset", "synthetic", "--num-clients", "10",
+CLI = [sys.executable, "-m", "feddr_kit", "run", "--dataset", "synthetic", "--model", "cnn", "--shards-per-client", "2", "--num-clients", "10",
        "--clients-per-round", "2", "--local-epochs", "1", "--progress", "false", "--eval-every", "1",
        "--checkpoint-every", "1", "--lr-gamma", "1"]
-TINY = dict(dataset="synthetic", num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
+TINY = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
             eval_every=1, progress=False)
 
 
@@ -280,6 +280,30 @@ def test_image_size_table_matches_what_torch_accepts(name):
         build_model(name, 10, image_size=8)
 
 
+def test_cnn_bn_refuses_odd_sides_in_one_line():
+    # its space-to-depth stem takes 2x2 blocks: torch's own error would come from inside pixel_unshuffle
+    with pytest.raises(FeddrKitError, match="model 'cnn_bn' takes images whose sides are multiples of 2 pixels, but these are 33x34"):
+        build_model("cnn_bn", 10, image_size=(33, 34))
+    build_model("cnn_bn", 10, image_size=(34, 34))
+
+
+def test_a_registered_model_runs_and_a_taken_name_is_refused(monkeypatch, synthetic):
+    from torch import nn
+
+    from feddr_kit import models
+    for name in ("_BUILDERS", "IMAGE_SIZES", "SIDE_MULTIPLES"):  # registration is for the process: undo it after
+        monkeypatch.setattr(models, name, dict(getattr(models, name)))
+    monkeypatch.setattr(models, "MODELS", models.MODELS)
+    models.register("tiny_linear", lambda: (nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 16)), 16), (8, None))
+    assert "tiny_linear" in models.MODELS
+    result = fk.run(fk.Config(**{**TINY, "model": "tiny_linear", "lr": 0.05, "rounds": 1}), data=synthetic)
+    assert result.model.head.weight.shape == (synthetic.num_classes, 16)
+    with pytest.raises(FeddrKitError, match="register: the model name must be a new non-empty string, got 'cnn_bn' .already"):
+        models.register("cnn_bn", lambda: None, (8, None))
+    with pytest.raises(FeddrKitError, match="register: builder must be a function"):
+        models.register("other", "not callable", (8, None))
+
+
 def test_run_refuses_images_smaller_than_the_model_takes():
     small = fk.data.synthetic(image_size=8)
     with pytest.raises(FeddrKitError, match="model 'cnn' takes images of 32x32.*8x8"):
@@ -393,16 +417,16 @@ def test_no_arguments_lists_the_commands_and_an_example(capsys):
 
 
 def test_readme_and_quickstart_agree_on_classes_per_client():
-    # Two shards per client can come from one class, so "2 classes each" is wrong for some clients.
+    # Two of a client's shards can come from one class, so "5 classes each" is wrong for some clients.
     import nbformat
 
     nb = nbformat.read(REPO / "notebooks" / "00_quickstart.ipynb", as_version=4)
     readme = (REPO / "README.md").read_text()
     for text in (readme, nb.cells[0].source):
-        assert "2 shards (at most 2 classes) each" in text and "2 classes each" not in text
-    part = fk.partition.shard(np.repeat(np.arange(10), 100), np.repeat(np.arange(10), 20), 100, 2, seed=0)
+        assert "5 shards (at most 5 classes) each" in text and "5 classes each" not in text
+    part = fk.partition.shard(np.repeat(np.arange(10), 100), np.repeat(np.arange(10), 50), 100, 5, seed=0)
     per_client = (part.counts("train") > 0).sum(axis=1)
-    assert per_client.max() == 2 and per_client.min() == 1
+    assert per_client.max() == 5 and per_client.min() < 5
 
 
 # --------------------------------------------------------------------------- the fault drill
