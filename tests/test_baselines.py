@@ -24,7 +24,7 @@ from feddr_kit.models import Net, build_model
 
 ALL = ["fedavg", "fedbabu", "scaffold", "fedntd", "fedexp", "spherefed", "fedetf", "dr", "feddr+"]
 REGULARIZERS = ["none", "prox", "kd", "ntd", "ld", "fd"]
-TINY = dict(dataset="synthetic", num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
+TINY = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
             eval_every=1, progress=False)
 
 

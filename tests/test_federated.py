@@ -14,7 +14,7 @@ from feddr_kit.errors import FeddrKitError
 from feddr_kit.federated import lr_at, sample_clients
 from feddr_kit.models import Net
 
-SMALL = dict(dataset="synthetic", num_clients=10, clients_per_round=3, rounds=4, local_epochs=1,
+SMALL = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=3, rounds=4, local_epochs=1,
              progress=False, checkpoint_every=1, eval_every=1)
 
 

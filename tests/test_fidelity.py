@@ -29,7 +29,7 @@ from feddr_kit.errors import FeddrKitError
 from feddr_kit.federated import Evaluator, local_step, make_partition
 from feddr_kit.models import Net, build_model
 
-TINY = dict(dataset="synthetic", num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
+TINY = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
             eval_every=1, progress=False)
 CE_METHODS = ["fedavg", "scaffold", "fedntd", "fedexp"]
 GEOMETRIC = ["dr", "feddr+", "spherefed", "fedetf"]

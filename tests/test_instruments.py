@@ -20,7 +20,7 @@ from feddr_kit.federated import body_parameter_names, local_step, train_client
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SMALL = dict(dataset="synthetic", num_clients=10, clients_per_round=3, local_epochs=1, batch_size=8,
+SMALL = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=3, local_epochs=1, batch_size=8,
              progress=False, lr=0.05)
 
 

@@ -21,7 +21,7 @@ from feddr_kit.algorithms import Batch, ClientContext, FedAvg, FedBABU, get_algo
 from feddr_kit.errors import FeddrKitError
 from feddr_kit.models import Net
 
-TINY = dict(dataset="synthetic", num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
+TINY = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
             eval_every=1, progress=False)
 
 

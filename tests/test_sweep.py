@@ -16,7 +16,7 @@ from feddr_kit import sweep
 from feddr_kit.errors import FeddrKitError
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = dict(dataset="synthetic", num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
+BASE = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=2, rounds=2, local_epochs=1,
             eval_every=1, checkpoint_every=1, lr=0.05)
 
 
