@@ -92,7 +92,7 @@ class Config:
     out_dir: str | None = field(default=None, metadata={"help": "folder for config.json, history.csv, summary.json, checkpoint.pt, owned by one run at a time; left out: nothing is saved"})
     overwrite: bool = field(default=False, metadata={"help": "let a fresh run replace the results already in out_dir (without it, such a run is refused)"})
     checkpoint_every: int = field(default=5, metadata={"help": "rounds between checkpoints when out_dir is set (0: only at the end)"})
-    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    progress: bool = field(default=True, metadata={"help": "show progress: a bar in a terminal or live notebook, plain-text lines under papermill or in a log (FEDDR_PROGRESS=lines|bars|widgets sets it)"})
     # algorithm hyper-parameters (used by the methods that need them)
     mu: float = field(default=1e-3, metadata={"help": "prox: weight mu of (mu/2)||theta - theta_g||^2"})
     tau: float = field(default=1.0, metadata={"help": "kd / ntd temperature"})

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from . import progress
 from .errors import FeddrKitError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -412,7 +413,6 @@ def _write_cache(cache_file: Path, obj: dict) -> bool:
 
 def _decode_folder(folder: Path) -> dict:
     from torchvision.datasets import ImageFolder
-    from tqdm.auto import tqdm
 
     samples, classes = {}, None
     for split in ("train", "test"):
@@ -424,8 +424,7 @@ def _decode_folder(folder: Path) -> dict:
         samples[split], classes = ds.samples, ds.classes
     total = sum(len(s) for s in samples.values())
     out = {"format": _CACHE_FORMAT, "classes": classes}
-    with tqdm(total=total, desc=f"decoding {folder.name} (once; cached after)", unit="img",
-              leave=False) as bar:
+    with progress.bar(total, f"decoding {folder.name} (once; cached after)", unit="images", leave=False) as bar:
         for split in ("train", "test"):
             out[f"{split}_x"] = _decode_images([p for p, _ in samples[split]], folder, bar)
             out[f"{split}_y"] = torch.tensor([y for _, y in samples[split]], dtype=torch.int64)

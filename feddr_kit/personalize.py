@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from . import heads, local
 from .build import build_algorithm
+from . import progress as progress_mod
 from .clients import Clients, data_and_partition
 from .config import Config
 from .data import ImageData
@@ -148,7 +148,7 @@ def finetune(result_or_state: Any, method: str | None = None, epochs: int = 5, l
     evaluator = Evaluator(data, part, cfg.seed)
     clients = Clients.of(data, part, dev)
     rows = []
-    for k in tqdm(range(part.num_clients), desc=f"{cfg.algorithm}-FT", disable=not progress):
+    for k in progress_mod.each(range(part.num_clients), f"{cfg.algorithm}-FT", unit="clients", disable=not progress):
         model.load_state_dict(global_state)
         before = evaluator.client_accuracy(model, algo, k)
         n = clients.size(k)
@@ -263,7 +263,7 @@ def local_only(cfg: Config, loss: str = "ce", *, epochs: float | None = None, lr
     evaluator = Evaluator(data, part, lcfg.seed)
     clients = Clients.of(data, part, dev)
     rows = []
-    for k in tqdm(range(part.num_clients), desc=f"local-{loss}", disable=not progress):
+    for k in progress_mod.each(range(part.num_clients), f"local-{loss}", unit="clients", disable=not progress):
         model.load_state_dict(init)
         n = clients.size(k)
         steps = max(1, round(visits * local.local_steps(n, lcfg, clients.mean_size)))

@@ -13,9 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
-
-from . import instruments, rundir
+from . import instruments, progress, rundir
 from .build import Run
 from .config import Config
 from .data import ImageData
@@ -113,8 +111,8 @@ class RoundLog:
         if out_dir is not None:
             write_text(out_dir / "config.json", self.cfg.to_json() + "\n")
         self.evaluator = Evaluator(setup.data, setup.partition, self.cfg.seed)
-        self.bar = tqdm(total=self.cfg.rounds, initial=self.start, desc=f"{self.cfg.algorithm}",
-                        disable=not self.cfg.progress, dynamic_ncols=True)
+        self.bar = progress.bar(self.cfg.rounds, self.cfg.algorithm, unit="rounds", initial=self.start,
+                                disable=not self.cfg.progress)
         self._t0 = 0.0
 
     def start_round(self) -> None:
@@ -137,7 +135,7 @@ class RoundLog:
             if probe_rows:
                 row.update(pd.DataFrame(probe_rows).mean(skipna=True).to_dict())
             self.rows.append(row)
-            self.bar.set_postfix(acc=f"{row['test_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
+            self.bar.set_postfix(test_acc=f"{row['test_acc']:.2%}", train_loss=f"{row['train_loss']:.3f}")
             if self.callback is not None:
                 self.callback(dict(row))
         self.round_seconds.append(seconds)

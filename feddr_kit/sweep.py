@@ -27,20 +27,22 @@ Command line: ``python -m feddr_kit sweep --grid grid.json --root runs/x`` with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
+from . import progress as progress_mod
 from .config import Config
 from .data import ImageData
 from .errors import FeddrKitError
@@ -258,10 +260,9 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
                               "grid": {k: [_plain(v) for v in vs] for k, vs in grid.items()},
                               "seeds": [int(s) for s in seeds]})
     todo = [p for p in plan if p[3] != DONE and (p[3] != FAILED or retry_failed)]
-    bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="sweep", unit="run",
-               disable=not progress, dynamic_ncols=True)
+    bar = progress_mod.bar(len(plan), "sweep", unit="runs", initial=len(plan) - len(todo), disable=not progress)
     if progress and len(todo) < len(plan):
-        tqdm.write(f"{len(plan) - len(todo)} of {len(plan)} runs already in {root} (done or failed): skipped")
+        progress_mod.write(f"{len(plan) - len(todo)} of {len(plan)} runs already in {root} (done or failed): skipped")
     cache: dict[tuple, ImageData] = {}
     for cfg, name, folder, status in todo:
         resume = (folder / CHECKPOINT).exists() and not (folder / SUMMARY).exists()
@@ -282,7 +283,7 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
         else:
             line = f"{name}: {'resumed, ' if resume else ''}final accuracy {result.summary['final_acc']:.2%}"
         if progress:
-            tqdm.write(line)
+            progress_mod.write(line)
         bar.update(1)
     bar.close()
     return _in_grid_order(collect(root), names)
@@ -574,30 +575,48 @@ def run_notebook_grid(notebook: str | Path, grid: Mapping[str, Sequence], seeds:
                               "seeds": [int(s) for s in seeds]})
     todo = [(p, s, n) for (p, s), n in zip(points, names)
             if not (root / n / RESULTS).exists() and (retry_failed or not (root / n / ERROR).exists())]
-    bar = tqdm(total=len(points), initial=len(points) - len(todo), desc="notebook grid", unit="run",
-               disable=not progress, dynamic_ncols=True)
-    for point, seed, name in todo:
-        folder = root / name
-        (folder / ERROR).unlink(missing_ok=True)
-        params = {**fixed, **{k: _plain(v) for k, v in point.items()}, "seed": seed}
-        write_json(folder / POINT, {"name": name, "parameters": params})
-        try:
-            papermill.execute_notebook(str(notebook), str(folder / "notebook.ipynb"),
-                                       parameters={**params, "out_dir": str(folder.resolve())},
-                                       kernel_name=kernel_name, cwd=str(cwd or notebook.parent.resolve()),
-                                       progress_bar=False)
-            if not (folder / RESULTS).exists():
-                raise FeddrKitError(f"the notebook ran but wrote no {RESULTS} into out_dir={folder}")
-            line = f"{name}: done"
-        except (papermill.PapermillExecutionError, FeddrKitError) as err:
-            first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-            write_text(folder / ERROR, f"{type(err).__name__}: {first}\n")
-            line = f"{name}: failed ({first})"
-        if progress:
-            tqdm.write(line)
-        bar.update(1)
+    bar = progress_mod.bar(len(points), "notebook grid", unit="runs", initial=len(points) - len(todo),
+                           disable=not progress)
+    # the kernels papermill starts inherit this process's environment: progress as plain lines, which the
+    # executed notebook keeps, not widgets it cannot render (unless the caller chose otherwise)
+    with _environment(FEDDR_PROGRESS=os.environ.get("FEDDR_PROGRESS", "lines")):
+        for point, seed, name in todo:
+            folder = root / name
+            (folder / ERROR).unlink(missing_ok=True)
+            params = {**fixed, **{k: _plain(v) for k, v in point.items()}, "seed": seed}
+            write_json(folder / POINT, {"name": name, "parameters": params})
+            try:
+                papermill.execute_notebook(str(notebook), str(folder / "notebook.ipynb"),
+                                           parameters={**params, "out_dir": str(folder.resolve())},
+                                           kernel_name=kernel_name, cwd=str(cwd or notebook.parent.resolve()),
+                                           progress_bar=False)
+                if not (folder / RESULTS).exists():
+                    raise FeddrKitError(f"the notebook ran but wrote no {RESULTS} into out_dir={folder}")
+                line = f"{name}: done"
+            except (papermill.PapermillExecutionError, FeddrKitError) as err:
+                first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+                write_text(folder / ERROR, f"{type(err).__name__}: {first}\n")
+                line = f"{name}: failed ({first})"
+            if progress:
+                progress_mod.write(line)
+            bar.update(1)
     bar.close()
     return _in_grid_order(collect_notebooks(root), names)
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then put back what was there."""
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def collect_notebooks(root: str | Path) -> pd.DataFrame:

@@ -10,6 +10,8 @@
 # Cell timings are not recorded, and clean_outputs.py then drops live widget outputs (each `interact` cell,
 # progress bars), the widget state and figures' text fallbacks, so re-running gives clean diffs.
 set -euo pipefail
+# tqdm's notebook bars, which clean_outputs.py drops: plain progress lines would be stored as stderr
+export FEDDR_PROGRESS=widgets
 cd "$(dirname "$0")"
 REPO="$(cd .. && pwd)"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
