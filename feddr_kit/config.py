@@ -93,6 +93,7 @@ class Config:
     overwrite: bool = field(default=False, metadata={"help": "let a fresh run replace the results already in out_dir (without it, such a run is refused)"})
     checkpoint_every: int = field(default=5, metadata={"help": "rounds between checkpoints when out_dir is set (0: only at the end)"})
     progress: bool = field(default=True, metadata={"help": "show progress: a bar in a terminal or live notebook, plain-text lines under papermill or in a log (FEDDR_PROGRESS=lines|bars|widgets sets it)"})
+    tensorboard: bool = field(default=False, metadata={"help": "also log each evaluated round's metrics and the config to out_dir/tb/ for TensorBoard (needs pip install tensorboard)"})
     # algorithm hyper-parameters (used by the methods that need them)
     mu: float = field(default=1e-3, metadata={"help": "prox: weight mu of (mu/2)||theta - theta_g||^2"})
     tau: float = field(default=1.0, metadata={"help": "kd / ntd temperature"})
@@ -126,7 +127,7 @@ class Config:
                               ("algorithm", tuple(ALGORITHMS)), ("regularizer", REGULARIZERS), ("device", DEVICES),
                               ("engine", ENGINES), ("precision", PRECISIONS), ("fedexp_step", FEDEXP_STEPS)):
             self._choice(name, allowed)
-        for name in ("deterministic", "probes", "progress", "overwrite", "scaffold_zero_head_grad",
+        for name in ("deterministic", "probes", "progress", "tensorboard", "overwrite", "scaffold_zero_head_grad",
                      "spherefed_calibration"):
             if not isinstance(getattr(self, name), bool):
                 raise FeddrKitError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from . import engine as engine_mod
-from . import instruments, rundir
+from . import instruments, rundir, tblog
 from . import probes as probes_mod
 from .build import Run, RunSetup, build_algorithm, build_run, prepare
 from .clients import check_partition, load_data, make_partition
@@ -167,6 +167,10 @@ def open_run(cfg: Config, *, resume: bool = False, data: ImageData | None = None
     cfg = resolve_regularizer(cfg)
     if resume and not cfg.out_dir:
         raise FeddrKitError("resume=True needs out_dir: the folder holding checkpoint.pt")
+    if cfg.tensorboard:  # refused before any data loads
+        if not cfg.out_dir:
+            raise FeddrKitError("tensorboard=True needs out_dir: the event files go to out_dir/tb/")
+        tblog.check_available()
     device = resolve_device(cfg.device)
     with engine_mod.kernel_settings(cfg.deterministic, device), _folder(cfg, resume, claim) as out_dir:
         checkpoint = None

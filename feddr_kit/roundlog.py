@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 import torch
-from . import instruments, progress, rundir
+from . import instruments, progress, rundir, tblog
 from .build import Run
 from .config import Config
 from .data import ImageData
@@ -94,7 +94,8 @@ class RoundLog:
     """The record of a run, the same for :func:`feddr_kit.run` and for Flower's strategy: each round's time, the
     history rows of the evaluated rounds, the callback, the checkpoints and, at the end, the :class:`Result`.
 
-    With ``out_dir`` it writes ``config.json`` at once, ``history.csv`` and ``checkpoint.pt`` when a
+    With ``out_dir`` it writes ``config.json`` at once (and, with ``cfg.tensorboard``, each history row to
+    ``out_dir/tb/``: :mod:`feddr_kit.tblog`), ``history.csv`` and ``checkpoint.pt`` when a
     checkpoint is due and ``summary.json`` at the end. A ``checkpoint`` (read by
     :func:`feddr_kit.rundir.read_checkpoint`) is restored first: then ``start`` and ``start_state`` are the
     round and global state to continue from, else 0 and ``setup.initial_state``. ``callback(row)`` is
@@ -111,6 +112,7 @@ class RoundLog:
         if out_dir is not None:
             write_text(out_dir / "config.json", self.cfg.to_json() + "\n")
         self.evaluator = Evaluator(setup.data, setup.partition, self.cfg.seed)
+        self.writer = tblog.open_writer(out_dir, self.cfg.to_dict(), checkpoint is None) if self.cfg.tensorboard and out_dir else None
         self.bar = progress.bar(self.cfg.rounds, self.cfg.algorithm, unit="rounds", initial=self.start,
                                 disable=not self.cfg.progress)
         self._t0 = 0.0
@@ -135,6 +137,8 @@ class RoundLog:
             if probe_rows:
                 row.update(pd.DataFrame(probe_rows).mean(skipna=True).to_dict())
             self.rows.append(row)
+            if self.writer is not None:
+                tblog.log_row(self.writer, row)
             self.bar.set_postfix(test_acc=f"{row['test_acc']:.2%}", train_loss=f"{row['train_loss']:.3f}")
             if self.callback is not None:
                 self.callback(dict(row))
@@ -149,6 +153,8 @@ class RoundLog:
         """The :class:`Result` of the finished run (``setup.model`` in the reported state); writes
         ``summary.json`` to ``out_dir`` when given."""
         self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
         setup = self.setup
         setup.model.load_state_dict(setup.algo.eval_state(global_state))
         history = pd.DataFrame(self.rows)

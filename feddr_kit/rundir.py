@@ -50,7 +50,7 @@ CHECKPOINT_KEYS = ("next_round", "config", "global_state", "algorithm_state", "h
                    "torch_rng", "numpy_rng")
 # Fields that may differ between a run and its resumption. rounds and lr change the results from the
 # resumed round on (the schedule is recomputed; a smaller lr is the way on after a divergence).
-RESUMABLE_CHANGES = {"rounds", "lr", "progress", "out_dir", "overwrite", "checkpoint_every", "device"}
+RESUMABLE_CHANGES = {"rounds", "lr", "progress", "tensorboard", "out_dir", "overwrite", "checkpoint_every", "device"}
 
 
 def _umask() -> int:

@@ -55,7 +55,7 @@ SUMMARY, CONFIG, HISTORY, ERROR, POINT, SWEEP, RESULTS = (
     "summary.json", "config.json", "history.csv", "error.txt", "point.json", "sweep.json", "results.json")
 # Fields that say where and how visibly a run goes, not what it computes: never part of a name,
 # never a mismatch.
-BOOKKEEPING = frozenset({"out_dir", "progress", "overwrite", "device", "checkpoint_every"})
+BOOKKEEPING = frozenset({"out_dir", "progress", "tensorboard", "overwrite", "device", "checkpoint_every"})
 MAX_NAME = 120
 DONE, PARTIAL, FAILED = "done", "partial", "failed"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import feddr_kit as fk
-from feddr_kit import progress
+from feddr_kit import progress, tblog
 from feddr_kit.errors import FeddrKitError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,3 +81,59 @@ def test_papermill_shows_progress_lines_in_the_terminal(tmp_path, monkeypatch):
     assert "feddr+: 2/2 rounds (100%)" in done.stdout + done.stderr
     outputs = nbformat.read(tmp_path / "out.ipynb", 4).cells[0].outputs
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+
+
+# --------------------------------------------------------------------------- TensorBoard
+def test_tensorboard_logs_every_evaluated_row(tmp_path, synthetic, monkeypatch):
+    """Whatever is installed: each history row goes to the writer as scalars at its round."""
+    written = []
+
+    class Writer:
+        def __init__(self, log_dir):
+            self.log_dir = log_dir
+
+        def add_text(self, tag, text):
+            written.append(("text", tag, text))
+
+        def add_scalar(self, tag, value, global_step):
+            written.append((tag, value, global_step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            written.append("closed")
+
+    module = type(sys)("torch.utils.tensorboard")
+    module.SummaryWriter = Writer
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    result = fk.run(fk.Config(**SMALL, tensorboard=True, out_dir=str(tmp_path)), data=synthetic)
+    assert written[0][:2] == ("text", "config") and '"tensorboard": true' in written[0][2]
+    logged = {(tag, step): value for tag, value, step in (w for w in written[1:-1])}
+    for _, row in result.history.iterrows():
+        assert logged[("test_acc", int(row["round"]))] == pytest.approx(row["test_acc"])
+        assert logged[("train_loss", int(row["round"]))] == pytest.approx(row["train_loss"])
+    assert written[-1] == "closed"
+
+
+def test_tensorboard_event_file_holds_the_runs_scalars(tmp_path, synthetic):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = fk.run(fk.Config(**SMALL, tensorboard=True, out_dir=str(tmp_path)), data=synthetic)
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("test_acc")]
+    assert steps == list(result.history["round"])
+    assert [e.value for e in events.Scalars("test_acc")] == pytest.approx(list(result.history["test_acc"]))
+
+
+def test_tensorboard_refusals_are_one_line_before_anything_loads(tmp_path):
+    with pytest.raises(FeddrKitError, match="needs out_dir"):
+        fk.run(fk.Config(**SMALL, tensorboard=True))
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(FeddrKitError, match="pip install tensorboard"):
+            fk.run(fk.Config(**SMALL, tensorboard=True, out_dir=str(tmp_path / "tb_run")))
+        assert not (tmp_path / "tb_run").exists()
