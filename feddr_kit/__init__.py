@@ -8,6 +8,7 @@ import importlib
 
 from . import errors, data, partition, heads, losses, models, methods, algorithms, engine, probes, instruments, sweep, personalize, paper
 from .config import Config
+from .export import load_model
 from .errors import FeddrKitError
 from .federated import Result, beta_scaled_dr, run
 
@@ -26,6 +27,6 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = ["Config", "Result", "run", "beta_scaled_dr", "FeddrKitError", "data", "partition", "heads", "losses", "models",
+__all__ = ["Config", "Result", "run", "load_model", "beta_scaled_dr", "FeddrKitError", "data", "partition", "heads", "losses", "models",
            "methods", "algorithms", "engine", "probes", "instruments", "plots", "teaching", "stats", "sweep", "personalize", "paper", "errors"]
 __version__ = "0.1.0"

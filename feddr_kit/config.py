@@ -25,6 +25,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -197,6 +198,47 @@ class Config:
             raise FeddrKitError(f"unknown config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
         return cls(**d)
 
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Config":
+        """Build a config from a YAML or JSON file of fields (:func:`read_file`), e.g. a run's own ``config.json``."""
+        return cls.from_dict(read_file(path))
+
     def replace(self, **changes: Any) -> "Config":
         """A copy with some fields changed (validated)."""
         return Config.from_dict({**self.to_dict(), **changes})
+
+
+def read_mapping(path: str | os.PathLike, what: str = "config file") -> dict[str, Any]:
+    """The mapping a ``.json``, ``.yaml`` or ``.yml`` file holds; one-line ``FeddrKitError`` when the file
+    is missing, unreadable, of another kind or not a mapping. ``what`` names the file in the errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise FeddrKitError(f"{what}: {path} is not a file")
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".yaml", ".yml"):
+        raise FeddrKitError(f"{what}: {path} must end in .json, .yaml or .yml")
+    try:
+        text = path.read_text()
+        if suffix == ".json":
+            value = json.loads(text)
+        else:
+            import yaml  # PyYAML, a dependency of the kit (and of papermill)
+
+            value = yaml.safe_load(text)
+    except Exception as err:  # a syntax error of either parser, or an unreadable file: one line either way
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise FeddrKitError(f"{what}: cannot read {path} ({type(err).__name__}: {first})") from None
+    if not isinstance(value, dict):
+        raise FeddrKitError(f"{what}: {path} must hold a mapping of names to values, got {type(value).__name__}")
+    return value
+
+
+def read_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The Config fields a YAML or JSON config file sets (not validated together: a file may set only a
+    few, and flags may complete it). Unknown names are an error naming them and the file."""
+    values = read_mapping(path)
+    unknown = sorted(set(values) - {f.name for f in fields(Config)})
+    if unknown:
+        raise FeddrKitError(f"config file {path}: unknown field(s) {', '.join(map(str, unknown))}; "
+                            "allowed: the Config fields (python -m feddr_kit run --help lists them)")
+    return values

@@ -11,6 +11,7 @@ This module does not import Flower: the processes it starts do.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -55,6 +56,18 @@ def config_from_run_config(run_config: dict[str, Any]) -> Config:
     if "lr_decay_at" in d and isinstance(d["lr_decay_at"], str):
         d["lr_decay_at"] = tuple(float(x) for x in d["lr_decay_at"].split(",") if x.strip())
     return Config.from_dict(d)
+
+
+INSTALL = 'pip install -e ".[flower]"'
+
+
+def check_installed() -> None:
+    """Raise a one-line :class:`FeddrKitError` naming ``pip install -e ".[flower]"`` when Flower or its
+    simulation engine (Ray) is missing, which ``flwr run`` would otherwise report only after its start-up."""
+    missing = [name for name in ("flwr", "ray") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise FeddrKitError(f"the flower command needs Flower's simulation extra ({' and '.join(missing)} not installed): "
+                            f"{INSTALL}")
 
 
 def check_supported(cfg: Config) -> None:
@@ -231,6 +244,11 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
     check_supported(cfg)
     if not cfg.out_dir:
         raise FeddrKitError("out_dir: the flower command needs an out_dir (the app, FLWR_HOME and the results go there)")
+    found = [name for name in rundir.RESULT_FILES if (Path(cfg.out_dir) / name).exists()]
+    if found and not cfg.overwrite:  # said here, as a Flower run cannot be resumed (claim's message offers that)
+        raise FeddrKitError(f"out_dir: {cfg.out_dir} already holds a run's results ({', '.join(found)}); pass "
+                            "overwrite=True (--overwrite) to replace them, or another out_dir (a Flower run is not resumed)")
+    check_installed()
     nodes = num_supernodes or cfg.num_clients
     if nodes < cfg.num_clients:
         raise FeddrKitError(f"num_supernodes={nodes}: need one SuperNode per client, at least num_clients={cfg.num_clients}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,8 @@ import pandas as pd
 import torch
 
 from . import heads, local
-from .build import build_algorithm
 from . import progress as progress_mod
+from .build import build_algorithm
 from .clients import Clients, data_and_partition
 from .config import Config
 from .data import ImageData
@@ -38,7 +39,7 @@ from .methods import ALGORITHMS, Algorithm, CrossEntropyOf, resolve_regularizer
 from .models import Net
 from .partition import Partition
 from .roundlog import Result
-from .rundir import CHECKPOINT
+from .rundir import CHECKPOINT, write_json, write_text
 from .schedule import lr_at
 from .streams import FEDETF_PHASES_ROUND, FINETUNE_ROUND, LOCAL_ONLY_ROUND, client_generator
 
@@ -273,3 +274,50 @@ def local_only(cfg: Config, loss: str = "ce", *, epochs: float | None = None, lr
                      "after": evaluator.client_accuracy(model, algo, k), "steps": steps})
     info = {"loss": loss, "lr": lr_used, "visits": visits, "seed": lcfg.seed}
     return PersonalResult(f"local-{loss}", pd.DataFrame(rows), info)
+
+
+# --------------------------------------------------------------------------- saving and the command line
+PER_CLIENT, SUMMARY = "per_client.csv", "summary.json"
+METHODS = ("finetune", "local-only")
+
+
+def save(result: PersonalResult, folder: str | Path) -> Path:
+    """Write ``result``'s per-client accuracies (``per_client.csv``: client, n_train, n_test, before,
+    after, as fractions) and its :meth:`PersonalResult.summary` (``summary.json``) into ``folder``;
+    returns the folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text(folder / PER_CLIENT, result.per_client.to_csv(index=False))
+    write_json(folder / SUMMARY, result.summary())
+    return folder
+
+
+def main(args: dict[str, Any]) -> int:
+    """``python -m feddr_kit personalize --run RUN_DIR --method finetune|local-only``: personalize, save
+    (:func:`save`, into ``--out``, default ``RUN_DIR/personalize-<method>``) and print the summary.
+    Returns 0, or 2 on bad input."""
+    run_dir = Path(args["run"])
+    out = Path(args["out"]) if args.get("out") else run_dir / f"personalize-{args['method']}"
+    progress = not args.get("no_progress", False)
+    try:
+        if args["method"] == "finetune":
+            epochs = args.get("epochs")
+            epochs = 5 if epochs is None else int(epochs) if float(epochs).is_integer() else epochs  # finetune's own check words the rest
+            result = finetune(run_dir, args.get("ft_algorithm"), epochs=epochs, lr=args.get("lr"),
+                              device=args["device"], progress=progress)
+        else:
+            if not (run_dir / "config.json").is_file():
+                raise FeddrKitError(f"--run: {run_dir} holds no config.json; give a run folder")
+            cfg = Config.from_dict(json.loads((run_dir / "config.json").read_text()))
+            result = local_only(cfg, args["loss"], epochs=args.get("epochs"), lr=args.get("lr"), device=args["device"],
+                                progress=progress)
+    except FeddrKitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    save(result, out)
+    s = result.summary()
+    before = "" if np.isnan(s["before_mean"]) else f"before {s['before_mean']:.2%} ± {s['before_std']:.2%}, "
+    print(f"{s['method']}: mean client accuracy {before}after {s['after_mean']:.2%} ± {s['after_std']:.2%} "
+          f"over {len(result.per_client)} clients")
+    print(f"results in {out}/ ({PER_CLIENT}, {SUMMARY})")
+    return 0

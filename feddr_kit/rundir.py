@@ -279,12 +279,10 @@ def read_checkpoint(out_dir: Path, cfg, default_regularizer: str) -> dict:
     saved = dict(ckpt["config"])
     if saved.get("regularizer") is None:
         saved["regularizer"] = default_regularizer
-    for name, value in cfg.to_dict().items():
-        if name not in RESUMABLE_CHANGES and saved.get(name, value) != value:
-            raise FeddrKitError(
-                f"resume: config field {name} is {value!r} but the checkpoint was made with {saved.get(name)!r}; "
-                f"only {', '.join(sorted(RESUMABLE_CHANGES))} may change on resume"
-            )
+    refused = refused_changes(saved, cfg.to_dict())
+    if refused:
+        raise FeddrKitError(f"resume: {len(refused)} config field(s) differ from the checkpoint's (saved -> asked): "
+                            f"{'; '.join(refused)}; only {', '.join(sorted(RESUMABLE_CHANGES))} may change on resume")
     done = ckpt["next_round"]
     if cfg.rounds < done:
         raise FeddrKitError(f"rounds: {done} rounds are already done in {path}; resume with rounds >= {done}")
@@ -295,6 +293,16 @@ def read_checkpoint(out_dir: Path, cfg, default_regularizer: str) -> dict:
         warnings.warn(f"resuming with lr={cfg.lr} instead of {saved.get('lr')} from round {done + 1} on",
                       stacklevel=5)
     return ckpt
+
+
+def refused_changes(saved: dict, wanted: dict) -> list[str]:
+    """Every field outside :data:`RESUMABLE_CHANGES` where ``wanted`` differs from the ``saved`` config, as
+    ``"name: saved -> wanted"``; a field the saved config lacks (written before it existed) is not compared."""
+    def same(a: Any, b: Any) -> bool:  # a JSON list and a tuple of the same values are the same setting
+        return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
+
+    return [f"{name}: {saved[name]!r} -> {value!r}" for name, value in wanted.items()
+            if name not in RESUMABLE_CHANGES and name in saved and not same(saved[name], value)]
 
 
 def restore(ckpt: dict, algo, device: torch.device) -> tuple[int, dict[str, torch.Tensor], list[dict], list[float]]:

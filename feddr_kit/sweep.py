@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from . import progress as progress_mod
-from .config import Config
+from .config import Config, read_mapping
 from .data import ImageData
 from .errors import FeddrKitError
 from .clients import load_data
@@ -51,8 +51,9 @@ from .federated import run as run_one
 from .rundir import CHECKPOINT, write_json, write_text
 from .stats import Interval, difference, interval
 
-SUMMARY, CONFIG, HISTORY, ERROR, POINT, SWEEP, RESULTS = (
-    "summary.json", "config.json", "history.csv", "error.txt", "point.json", "sweep.json", "results.json")
+SUMMARY, CONFIG, HISTORY, ERROR, POINT, SWEEP, RESULTS, TABLE, RUNS = (
+    "summary.json", "config.json", "history.csv", "error.txt", "point.json", "sweep.json", "results.json", "table.csv",
+    "runs.csv")
 # Fields that say where and how visibly a run goes, not what it computes: never part of a name,
 # never a mismatch.
 BOOKKEEPING = frozenset({"out_dir", "progress", "tensorboard", "overwrite", "device", "checkpoint_every"})
@@ -286,7 +287,39 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
             progress_mod.write(line)
         bar.update(1)
     bar.close()
+    write_tables(root)
     return _in_grid_order(collect(root), names)
+
+
+def write_tables(root: str | Path) -> None:
+    """Write ``root/runs.csv`` (:func:`collect`: one row per run) and, once a run has finished,
+    ``root/table.csv`` (:func:`interval_summary` of ``final_acc``), so a sweep's results open without Python."""
+    root = Path(root)
+    runs = collect(root)
+    write_text(root / RUNS, runs.to_csv(index=False))
+    if not runs.empty and (runs["status"] == DONE).any():
+        write_text(root / TABLE, interval_summary(root).to_csv(index=False))
+
+
+def interval_summary(root: str | Path, value: str = "final_acc", confidence: float = 0.95) -> pd.DataFrame:
+    """The sweep in ``root`` as one row per grid point: its grid fields (from ``sweep.json``; else
+    ``algorithm``), ``value`` (the summary field), ``mean``, ``low``, ``high``, ``half_width`` (the t
+    interval over seeds, :func:`intervals`; accuracies as fractions) and ``n`` (seeds finished). Raises
+    :class:`FeddrKitError` when no run has finished."""
+    root = Path(root)
+    df = collect(root)
+    if df.empty or not (df["status"] == DONE).any():
+        raise FeddrKitError(f"{root} holds no finished run yet")
+    spec = _read_json(root / SWEEP) if (root / SWEEP).exists() else {}
+    grid = spec.get("grid", {})
+    by = [k for k in grid if k in df.columns] or ["algorithm"]
+    if grid:  # rows in the grid's order of values, not the folders' alphabetical one
+        order = {k: {json.dumps(_plain(v)): i for i, v in enumerate(grid[k])} for k in by}
+        df = df.sort_values(by, kind="stable", key=lambda col: col.map(
+            lambda v: order[col.name].get(json.dumps(_plain(v)), len(order[col.name]))))
+    table = intervals(df, by, value, confidence)
+    table.insert(len(by), "value", value)
+    return table
 
 
 def _in_grid_order(df: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
@@ -649,9 +682,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "sweep", help="run a grid of configs x seeds, resumably, and print the table",
         description="Run every grid point x seed into ROOT/<name>/ (finished runs are skipped, interrupted "
-                    "ones resumed), then print mean ± std over seeds. GRID is a JSON file "
-                    '{"base": {<Config fields>}, "grid": {"<field>": [values, ...]}, "seeds": [0, 1, 2]}.')
-    p.add_argument("--grid", required=True, help="the grid JSON file")
+                    "ones resumed), print mean ± std over seeds, and write ROOT/runs.csv and ROOT/table.csv. GRID is "
+                    'a JSON or YAML file {"base": {<Config fields>}, "grid": {"<field>": [values, ...]}, "seeds": [0, 1, 2]}. '
+                    "The base, later winning: the --config file, the grid file's base, the Config flags typed.")
+    p.add_argument("--grid", required=True, help="the grid file (JSON or YAML)")
     p.add_argument("--root", required=True, help="folder that holds one subfolder per run")
     p.add_argument("--value", default="final_acc", help="summary field shown in the table")
     p.add_argument("--retry-failed", action="store_true", help="run again the runs that left error.txt")
@@ -660,15 +694,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def load_grid_file(path: str | Path) -> tuple[dict, dict, list]:
-    """Read a grid file ``{"base": {...}, "grid": {...}, "seeds": [...]}``; returns ``(base, grid, seeds)``.
-    ``base`` and ``grid`` may be omitted (empty); ``seeds`` defaults to ``[0]``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FeddrKitError(f"--grid must name a JSON file, got {path}")
-    spec = _read_json(path)
-    if not isinstance(spec, dict) or set(spec) - {"base", "grid", "seeds"}:
-        raise FeddrKitError(f"{path} must hold a JSON object with keys base, grid, seeds")
-    return dict(spec.get("base", {})), dict(spec.get("grid", {})), list(spec.get("seeds", [0]))
+    """Read a grid file (JSON or YAML) ``{"base": {...}, "grid": {...}, "seeds": [...]}``; returns ``(base, grid,
+    seeds)``. ``base`` and ``grid`` may be omitted (empty); ``seeds`` defaults to ``[0]``."""
+    spec = read_mapping(path, "--grid")
+    if set(spec) - {"base", "grid", "seeds"}:
+        raise FeddrKitError(f"--grid: {path} must hold the keys base, grid, seeds only, not "
+                            f"{', '.join(sorted(set(spec) - {'base', 'grid', 'seeds'}))}")
+    return dict(spec.get("base") or {}), dict(spec.get("grid") or {}), list(spec.get("seeds", [0]))
 
 
 def main(args: Mapping[str, Any]) -> int:
@@ -676,6 +708,8 @@ def main(args: Mapping[str, Any]) -> int:
     exit code: 0 when every run finished, 1 when some failed, 2 on bad input."""
     try:
         base, grid, seeds = load_grid_file(args["grid"])
+        # the --config file under the grid file's base, under the Config flags typed
+        base = {**args.get("base_file", {}), **base, **args.get("base_flags", {})}
         df = run_sweep(base, grid, seeds, args["root"], progress=not args.get("no_progress", False),
                        retry_failed=args.get("retry_failed", False))
     except FeddrKitError as err:
@@ -691,5 +725,6 @@ def main(args: Mapping[str, Any]) -> int:
     failed = df[df["status"] == FAILED] if not df.empty else df
     for _, r in failed.iterrows():
         print(f"failed: {r['name']}: {r['error']}")
-    print(f"{len(done)} of {len(df)} runs done; results in {args['root']}/ (collect them with fk.sweep.collect)")
+    print(f"{len(done)} of {len(df)} runs done; results in {args['root']}/ ({RUNS}: one row per run; {TABLE}: mean and "
+          f"95 % t interval over seeds; python -m feddr_kit show {args['root']})")
     return 1 if len(failed) else 0

@@ -193,7 +193,7 @@ def test_nan_loss_names_round_and_client_and_keeps_checkpoint(synthetic, tmp_pat
 def test_resume_refuses_a_changed_config(synthetic, tmp_path):
     cfg = fk.Config(algorithm="fedavg", out_dir=str(tmp_path), **{**SMALL, "rounds": 2})
     fk.run(cfg, data=synthetic)
-    with pytest.raises(FeddrKitError, match="config field momentum"):
+    with pytest.raises(FeddrKitError, match="momentum: 0.9 -> 0.5"):
         fk.run(cfg.replace(momentum=0.5), data=synthetic, resume=True)
     with pytest.raises(FeddrKitError, match="no checkpoint"):
         fk.run(cfg.replace(out_dir=str(tmp_path / "empty")), data=synthetic, resume=True)

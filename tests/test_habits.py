@@ -12,6 +12,7 @@ import torch
 
 import feddr_kit as fk
 from feddr_kit import progress, tblog
+from feddr_kit.__main__ import build_parser, command_config, main
 from feddr_kit.errors import FeddrKitError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,6 +34,63 @@ def history(folder: Path) -> pd.DataFrame:
 def lines(monkeypatch):
     """Progress as plain lines, whatever runs the tests."""
     monkeypatch.setenv("FEDDR_PROGRESS", "lines")
+
+
+# --------------------------------------------------------------------------- config files, resume
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_config_file_sets_fields_and_flags_typed_override_it(tmp_path, suffix):
+    file = tmp_path / f"run{suffix}"
+    values = {"dataset": "synthetic", "rounds": 7, "lr": 0.2, "lr_decay_at": [0.5]}
+    file.write_text(json.dumps(values) if suffix == ".json" else
+                    "dataset: synthetic\nrounds: 7\nlr: 0.2\nlr_decay_at: [0.5]\n")
+    argv = ["run", "--config", str(file), "--rounds", "3"]
+    cfg = command_config(vars(build_parser(typed_only=True).parse_args(argv)), str(file))
+    assert (cfg.dataset, cfg.rounds, cfg.lr, cfg.lr_decay_at) == ("synthetic", 3, 0.2, (0.5,))
+    assert cfg.local_epochs == fk.Config().local_epochs  # neither in the file nor typed: the default
+
+
+def test_config_file_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dataset: synthetic\nrouns: 3\n")
+    with pytest.raises(FeddrKitError, match="unknown field.*rouns"):
+        fk.Config.from_file(bad)
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(FeddrKitError, match="mapping"):
+        fk.Config.from_file(tmp_path / "list.json")
+    (tmp_path / "x.toml").write_text("")
+    with pytest.raises(FeddrKitError, match=r"\.json, \.yaml or \.yml"):
+        fk.Config.from_file(tmp_path / "x.toml")
+
+
+def test_a_runs_config_json_reruns_it(tmp_path, synthetic):
+    fk.run(fk.Config(**SMALL, out_dir=str(tmp_path / "a")), data=synthetic)
+    assert main(["run", "--config", str(tmp_path / "a" / "config.json"), "--out-dir", str(tmp_path / "b")]) == 0
+    pd.testing.assert_frame_equal(history(tmp_path / "a"), history(tmp_path / "b"))
+
+
+def test_resume_with_only_rounds_continues_a_run_started_with_ten_flags(tmp_path, capsys):
+    started, whole = tmp_path / "started", tmp_path / "whole"
+    assert main(["run", *TEN_FLAGS, "--rounds", "2", "--checkpoint-every", "1", "--out-dir", str(started)]) == 0
+    assert main(["run", "--out-dir", str(started), "--resume", "--rounds", "4"]) == 0
+    assert main(["run", *TEN_FLAGS, "--rounds", "4", "--out-dir", str(whole)]) == 0
+    pd.testing.assert_frame_equal(history(started), history(whole))
+    assert json.loads((started / "config.json").read_text())["rounds"] == 4
+
+
+def test_a_refused_resume_lists_every_differing_field(tmp_path, capsys):
+    folder = tmp_path / "run"
+    assert main(["run", *TEN_FLAGS, "--rounds", "2", "--out-dir", str(folder)]) == 0
+    capsys.readouterr()
+    argv = ["run", "--out-dir", str(folder), "--resume", "--rounds", "3", "--seed", "4", "--batch-size", "10",
+            "--momentum", "0.5"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    for change in ("seed: 3 -> 4", "batch_size: 20 -> 10", "momentum: 0.9 -> 0.5"):
+        assert change in err
+    assert "rounds" not in err.split("only")[0]  # a change resume takes is not listed as refused
+    assert main(["run", "--out-dir", str(tmp_path / "none"), "--resume"]) == 2
+    assert "config.json does not exist" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- progress
@@ -137,3 +195,106 @@ def test_tensorboard_refusals_are_one_line_before_anything_loads(tmp_path):
         with pytest.raises(FeddrKitError, match="pip install tensorboard"):
             fk.run(fk.Config(**SMALL, tensorboard=True, out_dir=str(tmp_path / "tb_run")))
         assert not (tmp_path / "tb_run").exists()
+
+
+# --------------------------------------------------------------------------- show, sweep tables
+def test_show_prints_a_runs_summary_and_plots_its_history(tmp_path, synthetic, capsys):
+    fk.run(fk.Config(**SMALL, out_dir=str(tmp_path)), data=synthetic)
+    capsys.readouterr()
+    assert main(["show", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert f"{summary['final_acc']:.2%}" in out and "last5_acc" in out
+    assert (tmp_path / "history.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sweep_writes_its_tables_and_show_prints_the_intervals(tmp_path, synthetic, capsys):
+    base = {k: v for k, v in SMALL.items() if k not in ("seed", "progress")}
+    df = fk.sweep.run(base, {"algorithm": ["fedavg", "dr"]}, [0, 1], tmp_path, data=synthetic, progress=False)
+    table = pd.read_csv(tmp_path / "table.csv")
+    assert list(table.columns) == ["algorithm", "value", "mean", "low", "high", "half_width", "n"]
+    assert list(table["algorithm"]) == ["fedavg", "dr"] and list(table["n"]) == [2, 2]
+    fedavg = df[df["algorithm"] == "fedavg"]["final_acc"]
+    assert table.loc[0, "mean"] == pytest.approx(fedavg.mean())
+    assert len(pd.read_csv(tmp_path / "runs.csv")) == 4
+    capsys.readouterr()
+    assert main(["show", str(tmp_path), "--csv", str(tmp_path / "copy.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "fedavg" in out and f"{100 * fedavg.mean():.2f} ±" in out
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "copy.csv"), table)
+    assert main(["show", str(tmp_path / "nothing")]) == 2
+
+
+# --------------------------------------------------------------------------- export
+def test_export_writes_weights_alone_and_load_model_rebuilds_the_net(tmp_path, synthetic, capsys):
+    result = fk.run(fk.Config(**SMALL, out_dir=str(tmp_path / "run")), data=synthetic)
+    assert main(["export", str(tmp_path / "run"), "--to", str(tmp_path / "model.pt")]) == 0
+    weights = torch.load(tmp_path / "model.pt", weights_only=True)  # no pickled code needed
+    info = json.loads((tmp_path / "model.json").read_text())
+    assert info["model"] == "cnn" and info["config"]["algorithm"] == "feddr+" and len(info["classes"]) == 10
+    model = fk.load_model(tmp_path / "model.pt")
+    assert isinstance(model, fk.models.Net) and set(weights) == set(model.state_dict())
+    x = synthetic.normalize(synthetic.test_x[:20])
+    result.model.eval()
+    torch.testing.assert_close(model(x), result.model(x), rtol=0, atol=0)
+
+
+def test_export_refusals_are_one_line(tmp_path, capsys):
+    assert main(["export", str(tmp_path), "--to", str(tmp_path / "m.onnx")]) == 2
+    assert ".pt or .safetensors" in capsys.readouterr().err
+    assert main(["export", str(tmp_path), "--to", str(tmp_path / "m.pt")]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        assert main(["export", str(tmp_path), "--to", str(tmp_path / "m.safetensors")]) == 2
+        assert "pip install safetensors" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- personalization
+@pytest.mark.parametrize("method", ["finetune", "local-only"])
+def test_personalize_command_saves_per_client_accuracies_with_progress(tmp_path, synthetic, capsys, method):
+    fk.run(fk.Config(**SMALL, out_dir=str(tmp_path / "run")), data=synthetic)
+    capsys.readouterr()
+    assert main(["personalize", "--run", str(tmp_path / "run"), "--method", method, "--epochs", "1"]) == 0
+    captured = capsys.readouterr()
+    folder = tmp_path / "run" / f"personalize-{method}"
+    per_client = pd.read_csv(folder / "per_client.csv")
+    summary = json.loads((folder / "summary.json").read_text())
+    assert list(per_client["client"]) == list(range(5))
+    assert summary["after_mean"] == pytest.approx(per_client["after"].mean())
+    assert "5/5 clients (100%)" in captured.err and f"{summary['after_mean']:.2%}" in captured.out
+
+
+# --------------------------------------------------------------------------- Flower
+def test_flower_help_names_only_its_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["flower", "--help"])
+    text = capsys.readouterr().out
+    assert "--probes" not in text and "--engine" not in text and "--resume" not in text
+    assert "(default: None)" not in text and "(default: num_clients)" in text
+    assert 'pip install -e ".[flower]"' in text
+
+
+def test_flower_without_its_extra_says_how_to_get_it(tmp_path, capsys):
+    from feddr_kit import flower_run
+
+    try:
+        flower_run.check_installed()
+    except FeddrKitError:
+        pass
+    else:
+        pytest.skip("Flower's simulation extra is installed here")
+    assert main(["flower", "--dataset", "synthetic", "--out-dir", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'pip install -e ".[flower]"' in err
+    assert not (tmp_path / "f").exists()  # nothing started
+
+
+def test_flower_refuses_a_used_folder_without_offering_resume(tmp_path, synthetic):
+    from feddr_kit import flower_run
+
+    fk.run(fk.Config(**SMALL, out_dir=str(tmp_path)), data=synthetic)
+    with pytest.raises(FeddrKitError, match="overwrite") as err:
+        flower_run.simulate(fk.Config(**SMALL, out_dir=str(tmp_path)))
+    assert "--resume" not in str(err.value)

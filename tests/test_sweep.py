@@ -204,13 +204,13 @@ def test_cli_runs_a_grid_and_prints_the_table(tmp_path, capsys):
     assert "2 of 2 runs done" in out.stdout
     names_here = {sweep.run_dir_name(c, base, spec) for c in sweep.expand(base, spec, [0])}
     assert names_here == {"algorithm=fedavg__seed=0", "algorithm=dr__seed=0"}
-    assert {p.name for p in (tmp_path / "runs").iterdir()} == names_here | {"sweep.json"}
+    assert {p.name for p in (tmp_path / "runs").iterdir()} == names_here | {"sweep.json", "runs.csv", "table.csv"}
     from feddr_kit.__main__ import main
 
     grid.write_text("{not json")
     assert main(cmd[3:]) == 2  # the same command line, in this process
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot read") and len(err.splitlines()) == 1
+    assert err.startswith("error: --grid: cannot read") and len(err.splitlines()) == 1
 
 
 # --------------------------------------------------------------------------- papermill
