@@ -657,7 +657,7 @@ def collect_notebooks(root: str | Path) -> pd.DataFrame:
 
     Columns: ``name``, ``status`` (``done`` when results.json exists, ``failed`` with error.txt,
     else ``partial``), the point's parameters (including ``seed``), then results.json flattened
-    (nested keys joined by ``.``), and ``error`` for failed points. Returns a DataFrame.
+    (nested keys joined by ``.``; its ``units`` left out), and ``error`` for failed points. Returns a DataFrame.
     """
     root = Path(root)
     if not root.is_dir():
@@ -668,7 +668,8 @@ def collect_notebooks(root: str | Path) -> pd.DataFrame:
         row: dict[str, Any] = {"name": folder.name, "status": status}
         row.update({k: _hashable(v) for k, v in _read_json(folder / POINT).get("parameters", {}).items()})
         if status == DONE:
-            flat = pd.json_normalize(_read_json(folder / RESULTS), sep=".")
+            body = {k: v for k, v in _read_json(folder / RESULTS).items() if k != "units"}  # text, not results
+            flat = pd.json_normalize(body, sep=".")
             row.update({k: _hashable(v) for k, v in flat.iloc[0].to_dict().items()} if len(flat) else {})
         if status == FAILED:
             row["error"] = (folder / ERROR).read_text().strip()

@@ -493,17 +493,31 @@ def client_classes(global_model, data, partition, client: int, algorithms=("dr",
 
 
 # --------------------------------------------------------------------------- notebook outputs
-def save_results(out_dir, results: dict, config: dict | None = None, name: str = "results.json"):
+# The units of the numbers a chapter's results.json holds, written into it (docs/outputs.md says the same).
+RESULT_UNITS = {
+    "accuracy": "fraction of test images classified right, in [0, 1] (0.41 = 41 %): every *_acc and acc_* value",
+    "interval": "mean and 95 % t interval over seeds (or clients), in the unit of the value",
+    "round": "communication round, counted from 1",
+    "lr": "local SGD learning rate",
+    "seconds": "wall-clock seconds",
+    "loss": "mean cross-entropy-type loss per sample of the method's local objective",
+    "align": "cosine similarity in [-1, 1]",
+}
+
+
+def save_results(out_dir, results: dict, config: dict | None = None, name: str = "results.json",
+                 units: dict | None = None):
     """Write a chapter's key numbers (and the settings that produced them) to ``out_dir/results.json``.
 
     ``results``: the numbers (floats, ints, strings, nested dicts/lists; NumPy scalars are
     converted and NaN is written as null); ``config``: the notebook's parameters and/or run
-    configs. Written atomically. Returns the path.
+    configs; ``units``: what the numbers' units are, added to :data:`RESULT_UNITS` (stored under
+    ``"units"``). Written atomically. Returns the path.
     """
     from pathlib import Path
 
     from .rundir import write_json
 
     path = Path(out_dir) / name
-    write_json(path, {"results": results, "config": config or {}})
+    write_json(path, {"results": results, "config": config or {}, "units": {**RESULT_UNITS, **(units or {})}})
     return path

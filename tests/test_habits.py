@@ -298,3 +298,21 @@ def test_flower_refuses_a_used_folder_without_offering_resume(tmp_path, syntheti
     with pytest.raises(FeddrKitError, match="overwrite") as err:
         flower_run.simulate(fk.Config(**SMALL, out_dir=str(tmp_path)))
     assert "--resume" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- documented outputs
+def test_docs_name_every_file_and_column_a_run_writes(tmp_path, synthetic):
+    text = (REPO / "docs" / "outputs.md").read_text()
+    result = fk.run(fk.Config(**SMALL, probes=True, probe_samples=40, out_dir=str(tmp_path)), data=synthetic)
+    for name in [*result.history.columns, *result.summary, *(p.name for p in tmp_path.iterdir())]:
+        assert f"`{name}`" in text, f"docs/outputs.md does not name {name}"
+    for name in ("point.json", "sweep.json", "runs.csv", "table.csv", "error.txt", "flower_timing.json",
+                 "results.json", "per_client.csv", "history.png", "tb/"):
+        assert f"`{name}`" in text, f"docs/outputs.md does not name {name}"
+    assert "docs/outputs.md" in (REPO / "README.md").read_text()
+
+
+def test_results_json_states_its_units(tmp_path):
+    path = fk.teaching.save_results(tmp_path, {"final_acc": 0.5})
+    units = json.loads(path.read_text())["units"]
+    assert "fraction" in units["accuracy"] and "seconds" in units["seconds"]
