@@ -313,8 +313,9 @@ def server_main(grid: Grid, context: Context) -> None:
     """The ServerApp: the run the app's run config (the Config fields) describes."""
     cfg = config_from_run_config(dict(context.run_config))
     result = run_on_grid(grid, cfg)
-    print(f"feddr_kit on Flower: final accuracy {result.summary['final_acc']:.4f}, "
-          f"{result.summary['sec_per_round']:.2f} s per round (median)")
+    s = result.summary  # worded as `python -m feddr_kit run` words it, accuracies in percent
+    print(f"feddr_kit on Flower: {cfg.algorithm} on {cfg.dataset} ({cfg.partition}): final accuracy {s['final_acc']:.2%}, "
+          f"best {s['best_acc']:.2%}, {s['sec_per_round']:.1f} s per round")
 
 
 # --------------------------------------------------------------------------- in process (tests, chapter 09)

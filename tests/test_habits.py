@@ -300,6 +300,23 @@ def test_flower_refuses_a_used_folder_without_offering_resume(tmp_path, syntheti
     assert "--resume" not in str(err.value)
 
 
+def test_the_flower_server_app_prints_accuracy_as_run_does(synthetic, capsys):
+    pytest.importorskip("flwr")
+    import re
+
+    from flwr.app import Context, RecordDict
+
+    from feddr_kit import flower
+
+    cfg = fk.Config(**SMALL, engine="serial")
+    flower.provide_data(cfg, synthetic)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=flower.config_to_run_config(cfg))
+    flower.server_main(flower.InProcessGrid(flower.client_app, cfg), context)
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("feddr_kit on Flower")][0]
+    assert re.search(r"final accuracy \d+\.\d\d%, best \d+\.\d\d%", line), line
+
+
 # --------------------------------------------------------------------------- documented outputs
 def test_docs_name_every_file_and_column_a_run_writes(tmp_path, synthetic):
     text = (REPO / "docs" / "outputs.md").read_text()
