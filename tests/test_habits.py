@@ -93,6 +93,17 @@ def test_a_refused_resume_lists_every_differing_field(tmp_path, capsys):
     assert "config.json does not exist" in capsys.readouterr().err
 
 
+def test_sweep_takes_a_config_file_under_its_grid_and_flags_over_both(tmp_path, capsys):
+    (tmp_path / "base.yaml").write_text("dataset: synthetic\nmodel: cnn\nnum_clients: 5\nclients_per_round: 2\n"
+                                        "shards_per_client: 2\nrounds: 3\nlr_gamma: 1.0\nbatch_size: 20\n")
+    (tmp_path / "grid.yaml").write_text("base: {rounds: 2, eval_every: 1}\ngrid: {algorithm: [fedavg]}\nseeds: [0]\n")
+    argv = ["sweep", "--grid", str(tmp_path / "grid.yaml"), "--root", str(tmp_path / "root"),
+            "--config", str(tmp_path / "base.yaml"), "--rounds", "1", "--no-progress"]
+    assert main(argv) == 0
+    saved = json.loads((tmp_path / "root" / "algorithm=fedavg__seed=0" / "config.json").read_text())
+    assert (saved["dataset"], saved["batch_size"], saved["eval_every"], saved["rounds"]) == ("synthetic", 20, 1, 1)
+
+
 # --------------------------------------------------------------------------- progress
 def test_progress_lines_start_and_end_and_carry_the_accuracy(synthetic, capsys):
     fk.run(fk.Config(**{**SMALL, "progress": True}), data=synthetic)
@@ -119,6 +130,20 @@ def test_fine_tuning_and_sweeps_print_progress_lines(tmp_path, synthetic, capsys
                  tmp_path, data=synthetic)
     err = capsys.readouterr().err
     assert "sweep: 0/1 runs" in err and "sweep: 1/1 runs (100%)" in err
+
+
+def test_the_image_folder_decode_prints_progress_lines(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    for split, n in (("train", 3), ("test", 1)):
+        for label in ("cat", "dog"):
+            (tmp_path / "images" / split / label).mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (8, 8), (40 * i, 80, 120)).save(tmp_path / "images" / split / label / f"{i}.png")
+    monkeypatch.setenv("FEDDR_CACHE_DIR", str(tmp_path / "cache"))
+    fk.data.load("imagefolder", path=tmp_path / "images")
+    err = capsys.readouterr().err
+    assert "decoding images (once; cached after): 0/8 images" in err and "8/8 images (100%)" in err
 
 
 def test_papermill_shows_progress_lines_in_the_terminal(tmp_path, monkeypatch):
