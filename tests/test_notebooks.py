@@ -288,7 +288,7 @@ def test_local_round_probes_on_synthetic_data(tmp_path):
     with pytest.raises(FeddrKitError, match="architecture"):
         teaching.local_round_probes(model, data, part, ["fedetf"], clients=[0], local_epochs=1, probe_samples=40)
     path = teaching.save_results(tmp_path, {"x": float("nan")}, {"a": 1})
-    assert json.loads(path.read_text()) == {"results": {"x": None}, "config": {"a": 1}}
+    assert json.loads(path.read_text()) == {"results": {"x": None}, "config": {"a": 1}, "units": teaching.RESULT_UNITS}
 
 
 # ----------------------------------------------------------------------------- chapters 03/04 over seeds
