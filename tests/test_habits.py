@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import feddr_kit as fk
-from feddr_kit import progress, tblog
+from feddr_kit import progress
 from feddr_kit.__main__ import build_parser, command_config, main
 from feddr_kit.errors import FeddrKitError
 
