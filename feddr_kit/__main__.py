@@ -11,7 +11,7 @@ import warnings
 from dataclasses import MISSING, fields
 
 from .config import Config
-from .errors import DivergedError, FeddrKitError
+from .errors import DivergedError, FeddrKitError, StorageError
 
 EXAMPLE = "python -m feddr_kit run --dataset synthetic --rounds 4 --out-dir runs/try"
 SWEEP_EXAMPLE = "python -m feddr_kit sweep --grid grid.json --root runs/grid"
@@ -69,19 +69,19 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser: subcommand ``run`` with one ``--flag`` per ``Config`` field."""
-    parser = argparse.ArgumentParser(prog="python -m feddr_kit", description="feddr_kit: federated runs of FedDr+ and its baselines",
+    parser = argparse.ArgumentParser(prog="python -m feddr_kit", allow_abbrev=False, description="feddr_kit: federated runs of FedDr+ and its baselines",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=f"examples:\n  {EXAMPLE}\n  {SWEEP_EXAMPLE}\n  {FLOWER_EXAMPLE}\n\n"
                                             "'python -m feddr_kit run --help' lists every setting.")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
-    run = sub.add_parser("run", help="run one federated training and print its summary",
+    run = sub.add_parser("run", help="run one federated training and print its summary", allow_abbrev=False,
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_flags(run)
     run.add_argument("--resume", action="store_true", help="continue from out_dir/checkpoint.pt (rounds and lr may change)")
     from . import sweep
 
     sweep.add_parser(sub)
-    flower = sub.add_parser("flower", help="run one federated training under Flower's `flwr run` simulation "
+    flower = sub.add_parser("flower", allow_abbrev=False, help="run one federated training under Flower's `flwr run` simulation "
                             "(needs pip install 'feddr_kit[flower]')", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             description="Writes the Flower App (pyproject.toml with the Config fields) and FLWR_HOME "
                                         "under --out-dir, starts a SuperLink there, runs `flwr run ... --stream`, stops "
@@ -102,37 +102,51 @@ def _plain_warning(message, category, filename, lineno, file=None, line=None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code (0 done, 1 the run diverged, 2 bad input)."""
+    """Entry point; returns the process exit code (0 done, 1 the run diverged, 2 bad input, 3 a result file
+    could not be written, 130 interrupted by Ctrl-C)."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         parser.print_help(sys.stderr)
         return 2
     args = vars(parser.parse_args(argv))
-    if args["command"] == "sweep":
-        from .sweep import main as sweep_main
-
-        return sweep_main(args)
-    if args["command"] == "flower":
-        return flower_main(args)
-    args.pop("command")
-    resume = args.pop("resume")
     with warnings.catch_warnings():  # warnings as one plain sentence each, without a source line
         warnings.showwarning = _plain_warning
         try:
-            from .federated import run, schedule_note
+            if args["command"] == "sweep":
+                from .sweep import main as sweep_main
 
-            cfg = Config.from_dict(args)
-            note = schedule_note(cfg)
-            if note:
-                print(note, file=sys.stderr)
-            result = run(cfg, resume=resume)
-        except DivergedError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-        except FeddrKitError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+                return sweep_main(args)
+            if args["command"] == "flower":
+                return flower_main(args)
+            return run_main(args)
+        except KeyboardInterrupt:  # the run's folder is released on the way out; its last checkpoint is kept
+            print("interrupted: the last checkpoint is kept and the folder released; the same command continues "
+                  "(add --resume to a run)", file=sys.stderr)
+            return 130
+
+
+def run_main(args: dict) -> int:
+    """``python -m feddr_kit run``: :func:`feddr_kit.run`; prints the summary; returns the exit code."""
+    args.pop("command")
+    resume = args.pop("resume")
+    try:
+        from .federated import run, schedule_note
+
+        cfg = Config.from_dict(args)
+        note = schedule_note(cfg)
+        if note:
+            print(note, file=sys.stderr)
+        result = run(cfg, resume=resume)
+    except DivergedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except StorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except FeddrKitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     s = result.summary
     print(json.dumps(s, indent=2))
     print(f"\n{cfg.algorithm} on {cfg.dataset} ({cfg.partition}): final accuracy {s['final_acc']:.2%}, "

@@ -97,7 +97,10 @@ class RoundLog:
     history rows of the evaluated rounds, the callback, the checkpoints and, at the end, the :class:`Result`.
 
     With ``out_dir`` it writes ``config.json`` at once, ``history.csv`` and ``checkpoint.pt`` when a
-    checkpoint is due and ``summary.json`` at the end. A ``checkpoint`` (read by
+    checkpoint is due and ``summary.json`` (and ``history.csv`` again) at the end. A resumed run writes
+    its ``config.json`` with its first checkpoint instead, removing the ``summary.json`` of the run it
+    extends first, so that a resume that diverges or is killed before then leaves the folder as it found
+    it, and one killed after never pairs a new config with an old summary. A ``checkpoint`` (read by
     :func:`feddr_kit.rundir.read_checkpoint`) is restored first: then ``start`` and ``start_state`` are the
     round and global state to continue from, else 0 and ``setup.initial_state``. ``callback(row)`` is
     called with every history row (a dict).
@@ -110,8 +113,9 @@ class RoundLog:
         if checkpoint is not None:
             self.start, self.start_state, self.rows, self.round_seconds = rundir.restore(checkpoint, setup.algo,
                                                                                          setup.device)
-        if out_dir is not None:
-            write_text(out_dir / "config.json", self.cfg.to_json() + "\n")
+        self._config_pending = out_dir is not None
+        if out_dir is not None and checkpoint is None:
+            self._write_config()
         self.evaluator = Evaluator(setup.data, setup.partition, self.cfg.seed)
         self.bar = tqdm(total=self.cfg.rounds, initial=self.start, desc=f"{self.cfg.algorithm}",
                         disable=not self.cfg.progress, dynamic_ncols=True)
@@ -143,9 +147,17 @@ class RoundLog:
         self.round_seconds.append(seconds)
         self.bar.update(1)
         if self.out_dir is not None and checkpoint_due(self.cfg, plan.round):
+            if self._config_pending:  # a resume: the folder changes from here on
+                (self.out_dir / "summary.json").unlink(missing_ok=True)
             save_checkpoint(self.out_dir, plan.round + 1, global_state, self.setup.algo, self.rows,
                             self.round_seconds, self.cfg)
+            if self._config_pending:
+                self._write_config()
         return row
+
+    def _write_config(self) -> None:
+        write_text(self.out_dir / "config.json", self.cfg.to_json() + "\n")
+        self._config_pending = False
 
     def finish(self, global_state: dict[str, torch.Tensor]) -> Result:
         """The :class:`Result` of the finished run (``setup.model`` in the reported state); writes
@@ -156,5 +168,9 @@ class RoundLog:
         history = pd.DataFrame(self.rows)
         summary = summarize(history, self.round_seconds, self.cfg, setup.lr0)
         if self.out_dir is not None:
+            # The whole history again: a resume of a finished run mends a history.csv damaged since.
+            write_text(self.out_dir / "history.csv", history.to_csv(index=False))
+            if self._config_pending:
+                self._write_config()
             write_json(self.out_dir / "summary.json", summary)
         return Result(self.cfg, history, summary, setup.model, setup.algo, setup.partition, setup.data, self.out_dir)

@@ -628,7 +628,7 @@ def collect_notebooks(root: str | Path) -> pd.DataFrame:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``sweep`` subcommand to ``python -m feddr_kit``'s subparsers; returns its parser."""
     p = subparsers.add_parser(
-        "sweep", help="run a grid of configs x seeds, resumably, and print the table",
+        "sweep", allow_abbrev=False, help="run a grid of configs x seeds, resumably, and print the table",
         description="Run every grid point x seed into ROOT/<name>/ (finished runs are skipped, interrupted "
                     "ones resumed), then print mean ± std over seeds. GRID is a JSON file "
                     '{"base": {<Config fields>}, "grid": {"<field>": [values, ...]}, "seeds": [0, 1, 2]}.')

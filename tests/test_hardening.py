@@ -1,0 +1,228 @@
+"""Nothing lost under a second run or sweep, a full disk or a broken file; one-line messages on the way.
+
+Each test reproduces one fault of a drill (a divergence before the first checkpoint, a deleted lock, a
+truncated history, a full disk, a resume that diverges or is killed, a second sweep on a live folder,
+corrupt result files, changed data under a resume) and checks what a user should see. Runs are tiny
+synthetic federations; the command line is called in-process through ``feddr_kit.__main__.main``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import feddr_kit as fk
+from feddr_kit import rundir
+from feddr_kit.__main__ import build_parser, main
+from feddr_kit.errors import DivergedError, FeddrKitError, StorageError
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=2, rounds=2,
+            local_epochs=1, eval_every=1, progress=False, lr_gamma=1.0)
+# The same run on the command line.
+FLAGS = ["run", "--dataset", "synthetic", "--model", "cnn", "--shards-per-client", "2", "--num-clients", "10",
+         "--clients-per-round", "2", "--local-epochs", "1", "--progress", "false", "--eval-every", "1",
+         "--lr-gamma", "1"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``python -m feddr_kit run`` with the tiny flags and ``args``, in this process: (code, stdout, stderr)."""
+    capsys.readouterr()
+    code = main([*FLAGS, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def error_lines(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, synthetic) -> Path:
+    """A finished 2-round run, checkpointed every round: copy it before changing it."""
+    folder = tmp_path_factory.mktemp("finished") / "run"
+    fk.run(fk.Config(out_dir=str(folder), checkpoint_every=1, **TINY), data=synthetic)
+    return folder
+
+
+@pytest.fixture
+def copy_of_finished(finished, tmp_path) -> Path:
+    import shutil
+
+    shutil.copytree(finished, tmp_path / "run")
+    return tmp_path / "run"
+
+
+# --------------------------------------------------------------------------- a divergence before any checkpoint
+def test_a_divergence_before_the_first_checkpoint_advises_a_fresh_run_that_then_works(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(capsys, "--rounds", "2", "--lr", "1e30", "--out-dir", "run")  # checkpoint_every 5: none yet
+    assert code == 1, err
+    (line,) = error_lines(err)
+    assert "no checkpoint was written" in line and "without resume" in line, line
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
+    # The advice works: no --resume, no --overwrite needed for a folder that holds only a config.
+    code, _, err = cli(capsys, "--rounds", "2", "--lr", "0.01", "--out-dir", "run")
+    assert code == 0, err
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["lr"] == 0.01
+
+
+def test_a_divergence_after_a_checkpoint_advises_resuming_it(copy_of_finished, capsys, monkeypatch):
+    monkeypatch.chdir(copy_of_finished.parent)
+    code, _, err = cli(capsys, "--rounds", "3", "--lr", "1e30", "--resume", "--out-dir", "run")
+    assert code == 1, err
+    (line,) = error_lines(err)
+    assert "after round 2" in line and "resume from it with a smaller lr" in line, line
+
+
+# --------------------------------------------------------------------------- the lock
+def test_a_deleted_lock_stops_the_first_run_before_it_writes_over_the_second(tmp_path, synthetic):
+    # While run A holds the folder its .lock is deleted and run B (another process) claims the folder and
+    # finishes. A must not go on writing over B's results: it stops at its next write, naming the lock.
+    folder = tmp_path / "x"
+    second = {}
+
+    def delete_lock_and_run_another(row):
+        if row["round"] == 1:
+            (folder / ".lock").unlink()
+            env = {**os.environ, "PYTHONPATH": str(REPO)}
+            second["proc"] = subprocess.run(
+                [sys.executable, "-m", "feddr_kit", *FLAGS, "--rounds", "2", "--seed", "7", "--overwrite",
+                 "--checkpoint-every", "1", "--out-dir", str(folder)], env=env, capture_output=True, text=True)
+
+    with pytest.raises(FeddrKitError, match="lock file .* was removed"):
+        fk.run(fk.Config(out_dir=str(folder), checkpoint_every=1, **{**TINY, "rounds": 3}), data=synthetic,
+               callback=delete_lock_and_run_another)
+    assert second["proc"].returncode == 0, second["proc"].stderr
+    config = json.loads((folder / "config.json").read_text())
+    summary = json.loads((folder / "summary.json").read_text())
+    ckpt = torch.load(folder / "checkpoint.pt", weights_only=False)
+    assert config["seed"] == summary["seed"] == ckpt["config"]["seed"] == 7 and ckpt["next_round"] == 2
+
+
+def test_the_lock_is_the_filelock_packages_and_refuses_a_second_owner(tmp_path):
+    import filelock
+
+    with rundir.claim(tmp_path, resume=False, overwrite=False):
+        assert f"pid {os.getpid()}" in (tmp_path / ".lock").read_text()
+        with pytest.raises(filelock.Timeout):
+            filelock.FileLock(tmp_path / ".lock", timeout=0, thread_local=False).acquire()
+        with pytest.raises(FeddrKitError, match=f"in use by another run \\(pid {os.getpid()}"):
+            with rundir.claim(tmp_path, resume=True, overwrite=False):
+                pass
+    assert not (tmp_path / ".lock").exists()
+
+
+# --------------------------------------------------------------------------- files out of step
+def test_resuming_a_finished_run_mends_a_truncated_history(copy_of_finished, synthetic):
+    history = copy_of_finished / "history.csv"
+    whole = history.read_bytes()
+    history.write_bytes(whole[: len(whole) * 2 // 3])
+    fk.run(fk.Config(out_dir=str(copy_of_finished), checkpoint_every=1, **TINY), data=synthetic, resume=True)
+    assert history.read_bytes() == whole
+
+
+def test_a_resume_that_diverges_leaves_the_folder_as_it_was(copy_of_finished, synthetic):
+    before = snapshot(copy_of_finished)
+    with pytest.raises(DivergedError):
+        fk.run(fk.Config(out_dir=str(copy_of_finished), checkpoint_every=1, **{**TINY, "rounds": 4, "lr": 1e30}),
+               data=synthetic, resume=True)
+    assert snapshot(copy_of_finished) == before
+
+
+def test_a_resume_killed_after_a_checkpoint_leaves_config_and_checkpoint_agreeing(copy_of_finished, synthetic):
+    def interrupt(row):
+        if row["round"] == 4:  # the checkpoint of round 3 is written; the one of round 4 is not
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fk.run(fk.Config(out_dir=str(copy_of_finished), checkpoint_every=1, **{**TINY, "rounds": 5, "lr": 0.02}),
+               data=synthetic, resume=True, callback=interrupt)
+    config = json.loads((copy_of_finished / "config.json").read_text())
+    ckpt = torch.load(copy_of_finished / "checkpoint.pt", weights_only=False)
+    assert ckpt["next_round"] == 3 and config == ckpt["config"] and config["rounds"] == 5 and config["lr"] == 0.02
+    assert not (copy_of_finished / "summary.json").exists()  # the 2-round summary no longer describes the folder
+    assert list(pd.read_csv(copy_of_finished / "history.csv")["round"]) == [1, 2, 3]
+
+
+# --------------------------------------------------------------------------- a full disk
+@pytest.mark.parametrize("failure", [RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 63616 vs 63504"),
+                                     OSError(28, "No space left on device")])
+def test_a_full_disk_is_one_line_with_its_own_exit_code_and_the_resume_is_exact(tmp_path, capsys, monkeypatch,
+                                                                                 failure):
+    monkeypatch.chdir(tmp_path)
+    args = ["--rounds", "3", "--checkpoint-every", "1"]
+    assert cli(capsys, *args, "--out-dir", "straight")[0] == 0
+    real_save, saves = torch.save, []
+
+    def save_then_fill_the_disk(obj, f, *a, **kw):
+        saves.append(f)
+        if len(saves) == 2:
+            Path(f).write_bytes(b"\0" * 100)  # a partly written temporary file
+            raise failure
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", save_then_fill_the_disk)
+    code, _, err = cli(capsys, *args, "--out-dir", "full")
+    assert code == 3, err
+    (line,) = error_lines(err)
+    assert f"cannot write {Path('full') / 'checkpoint.pt'}" in line and "resume" in line, line
+    assert not list((tmp_path / "full").glob(".*.tmp")) and not (tmp_path / "full" / ".lock").exists()
+    assert torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)["next_round"] == 1
+    monkeypatch.setattr(torch, "save", real_save)  # space freed
+    assert cli(capsys, *args, "--resume", "--out-dir", "full")[0] == 0
+    a, b = (pd.read_csv(tmp_path / name / "history.csv").drop(columns="seconds") for name in ("straight", "full"))
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_storage_error_is_a_feddr_kit_error_and_an_os_error():
+    assert issubclass(StorageError, FeddrKitError) and issubclass(StorageError, OSError)
+
+
+# --------------------------------------------------------------------------- the command line
+def test_ctrl_c_prints_one_line_releases_the_folder_and_the_resume_goes_on(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    real_end = fk.roundlog.RoundLog.end_round
+
+    def end_then_interrupt(self, plan, *a, **kw):
+        row = real_end(self, plan, *a, **kw)
+        if plan.round == 1:
+            raise KeyboardInterrupt
+        return row
+
+    monkeypatch.setattr(fk.roundlog.RoundLog, "end_round", end_then_interrupt)
+    code, _, err = cli(capsys, "--rounds", "3", "--checkpoint-every", "1", "--out-dir", "run")
+    assert code == 130 and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if line.strip()] == [err.strip()] and err.startswith("interrupted")
+    assert not (tmp_path / "run" / ".lock").exists()
+    monkeypatch.setattr(fk.roundlog.RoundLog, "end_round", real_end)
+    assert cli(capsys, "--rounds", "3", "--checkpoint-every", "1", "--resume", "--out-dir", "run")[0] == 0
+
+
+def test_the_lr_warning_of_a_resume_names_the_lr_the_run_used(copy_of_finished, synthetic):
+    used = fk.federated.initial_lr(fk.Config(**TINY))
+    with pytest.warns(UserWarning, match=f"resuming with lr=0.01 instead of {used} "):
+        fk.run(fk.Config(out_dir=str(copy_of_finished), **{**TINY, "rounds": 3, "lr": 0.01}), data=synthetic,
+               resume=True)
+
+
+@pytest.mark.parametrize("argv", [["run", "--round", "2"], ["sweep", "--gri", "g.json", "--root", "x"],
+                                  ["flower", "--round", "2"]])
+def test_flags_are_never_abbreviated(argv, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err or "required: --grid" in err, err
