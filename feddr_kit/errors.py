@@ -23,3 +23,7 @@ class StorageError(FeddrKitError, OSError):
     Also an ``OSError``. The message is one line: the file, the reason, and that the files written
     before (the last checkpoint) are intact, so the run resumes once there is room.
     """
+
+
+class BusyError(FeddrKitError):
+    """A run folder is held by another live run (its ``.lock``). The message is one line naming the holder."""

@@ -224,6 +224,7 @@ def run(
     data: ImageData | None = None,
     partition: Partition | None = None,
     callback: Callable[[dict], None] | None = None,
+    claim: bool = True,
     **overrides: Any,
 ) -> Result:
     """Run federated training as ``cfg`` says and return a :class:`Result`.
@@ -235,10 +236,12 @@ def run(
 
     With ``out_dir``, the run owns that folder while it runs (:func:`feddr_kit.rundir.claim`): another
     run into it is refused, and so is a fresh run into a folder holding results unless ``cfg.overwrite``.
-    ``regularizer=None`` is replaced by the algorithm's own in the returned and saved config.
+    ``claim=False`` when the caller already holds ``out_dir`` (:func:`feddr_kit.rundir.claim`, as a sweep does
+    while it prepares and runs each folder). ``regularizer=None`` is replaced by the algorithm's own in the
+    returned and saved config.
     """
     cfg = (cfg or Config()).replace(**overrides) if overrides else (cfg or Config())
-    with open_run(cfg, resume=resume, data=data, partition=partition, callback=callback) as log:
+    with open_run(cfg, resume=resume, data=data, partition=partition, callback=callback, claim=claim) as log:
         return _rounds(log)
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .errors import FeddrKitError, StorageError
+from .errors import BusyError, FeddrKitError, StorageError
 
 LOCK = ".lock"
 CHECKPOINT = "checkpoint.pt"
@@ -81,8 +81,8 @@ def temp_files(out_dir: Path) -> list[Path]:
 def claim(out_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[Path]:
     """Own ``out_dir`` for the duration of a run; yields it.
 
-    Creates it if needed; raises :class:`FeddrKitError` when it cannot be written, when another
-    live run holds it, or when a fresh run (``resume=False``) finds another run's results there
+    Creates it if needed; raises :class:`FeddrKitError` when it cannot be written, :class:`BusyError` when
+    another live run holds it, or :class:`FeddrKitError` when a fresh run (``resume=False``) finds another run's results there
     (:data:`HELD_RESULTS`) and ``overwrite`` is false. A fresh run deletes the result files first: with
     ``overwrite`` all of them, else the ``config.json`` of a run that stopped before its first checkpoint.
     Temporary files of killed runs are deleted. The lock is released on exit.
@@ -173,7 +173,7 @@ def _lock(out_dir: Path) -> filelock.BaseFileLock:
     try:
         lock.acquire()
     except filelock.Timeout:
-        raise FeddrKitError(f"out_dir: {out_dir} is in use by another run ({_read_holder(path) or 'starting'}); "
+        raise BusyError(f"out_dir: {out_dir} is in use by another run ({_read_holder(path) or 'starting'}); "
                             "wait for it to end or pass another out_dir") from None
     except OSError as err:
         raise FeddrKitError(f"out_dir: cannot write in {out_dir} ({err.strerror or err}); "

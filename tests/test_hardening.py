@@ -226,3 +226,112 @@ def test_flags_are_never_abbreviated(argv, capsys):
         build_parser().parse_args(argv)
     err = capsys.readouterr().err
     assert "unrecognized arguments" in err or "required: --grid" in err, err
+
+
+# --------------------------------------------------------------------------- sweeps
+SWEEP_BASE = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=2, rounds=2,
+                  local_epochs=1, eval_every=1, checkpoint_every=1, lr=0.05)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return fk.data.synthetic(train_per_class=20, test_per_class=10)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, tiny) -> Path:
+    """A finished sweep of two runs (fedavg, dr): copy it before changing it."""
+    root = tmp_path_factory.mktemp("swept") / "root"
+    fk.sweep.run(SWEEP_BASE, {"algorithm": ["fedavg", "dr"]}, [0], root, data=tiny, progress=False)
+    return root
+
+
+@pytest.fixture
+def copy_of_swept(swept, tmp_path) -> Path:
+    import shutil
+
+    shutil.copytree(swept, tmp_path / "root")
+    return tmp_path / "root"
+
+
+def test_a_sweep_leaves_a_folder_that_a_live_run_holds_untouched(tmp_path, tiny):
+    root = tmp_path / "root"
+    held = root / "algorithm=dr__seed=0"
+    grid = {"algorithm": ["fedavg", "dr"]}
+    with rundir.claim(held, resume=False, overwrite=False):  # a live run, before its first checkpoint
+        (held / "config.json").write_text(fk.Config(**SWEEP_BASE, algorithm="dr").to_json())
+        before = snapshot(held)
+        df = fk.sweep.run(SWEEP_BASE, grid, [0], root, data=tiny, progress=False)
+        assert snapshot(held) == before  # its config.json kept, no error.txt, no point.json
+        assert dict(zip(df["name"], df["status"])) == {"algorithm=fedavg__seed=0": "done", "algorithm=dr__seed=0": "partial"}
+    df = fk.sweep.run(SWEEP_BASE, grid, [0], root, data=tiny, progress=False)  # once it is free, the sweep runs it
+    assert list(df["status"]) == ["done", "done"] and not list(root.glob("*/error.txt"))
+
+
+def test_the_sweep_cli_names_a_held_folder_and_prints_a_lock_takeover_as_a_warning(tmp_path, capsys):
+    root = tmp_path / "root"
+    spec = tmp_path / "grid.json"
+    spec.write_text(json.dumps({"base": {**SWEEP_BASE, "rounds": 1}, "grid": {"algorithm": ["fedavg", "dr"]}, "seeds": [0]}))
+    (root / "algorithm=fedavg__seed=0").mkdir(parents=True)
+    (root / "algorithm=fedavg__seed=0" / ".lock").write_text("pid 999999 on elsewhere\n")  # left by a killed run
+    with rundir.claim(root / "algorithm=dr__seed=0", resume=False, overwrite=False):
+        capsys.readouterr()
+        code = main(["sweep", "--grid", str(spec), "--root", str(root), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    assert "warning: taking over the lock of a run that no longer exists (pid 999999 on elsewhere)" in err, err
+    assert "UserWarning" not in err and "Traceback" not in err, err
+    assert "not finished: algorithm=dr__seed=0: held by another run" in out and "1 of 2 runs done" in out, out
+
+
+@pytest.mark.parametrize("broken", ["summary.json", "point.json"])
+def test_one_corrupt_file_costs_its_run_not_the_table(copy_of_swept, capsys, broken):
+    (copy_of_swept / "algorithm=dr__seed=0" / broken).write_bytes(b'{"final_acc": 0.5, "rou')
+    with pytest.warns(UserWarning, match=f"algorithm=dr__seed=0 .*cannot read .*{broken}"):
+        df = fk.sweep.collect(copy_of_swept)
+    assert dict(zip(df["name"], df["status"])) == {"algorithm=dr__seed=0": "unreadable",
+                                                   "algorithm=fedavg__seed=0": "done"}
+    assert list(fk.sweep.table(df, rows="algorithm").index) == ["fedavg"]
+    spec = copy_of_swept.parent / "grid.json"
+    spec.write_text(json.dumps({"base": SWEEP_BASE, "grid": {"algorithm": ["fedavg", "dr"]}, "seeds": [0]}))
+    capsys.readouterr()
+    code = main(["sweep", "--grid", str(spec), "--root", str(copy_of_swept), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "fedavg" in out, err
+    assert code == 1 and "unreadable: algorithm=dr__seed=0: cannot read" in out and broken in out, out
+
+
+@pytest.mark.parametrize("damage", ["undecodable", "truncated"])
+def test_histories_names_a_damaged_history_and_leaves_it_out(copy_of_swept, damage):
+    path = copy_of_swept / "algorithm=dr__seed=0" / "history.csv"
+    whole = path.read_bytes()
+    path.write_bytes(b"\xff\xfe\x00" + whole[3:] if damage == "undecodable" else whole[: len(whole) - 20])
+    word = "cannot read" if damage == "undecodable" else "cut short"
+    with pytest.warns(UserWarning, match=rf"algorithm=dr__seed=0/history\.csv.*{word}|{word}.*dr__seed=0/history\.csv"):
+        df = fk.sweep.histories(copy_of_swept)
+    assert set(df["name"]) == {"algorithm=fedavg__seed=0"} and not df["test_acc"].isna().any()
+
+
+def test_two_grids_on_one_root_each_return_only_their_runs_in_grid_order(copy_of_swept, tiny):
+    grid = {"lr": [0.05, 0.02], "algorithm": ["fedavg"]}
+    df = fk.sweep.run({**SWEEP_BASE, "rounds": 1}, grid, [1, 0], copy_of_swept, data=tiny, progress=False)
+    assert list(df["name"]) == ["algorithm=fedavg__lr=0.05__seed=1", "algorithm=fedavg__lr=0.02__seed=1",
+                                "algorithm=fedavg__lr=0.05__seed=0", "algorithm=fedavg__lr=0.02__seed=0"]
+    assert len(fk.sweep.collect(copy_of_swept)) == 6  # the first grid's two runs are still there
+
+
+def test_two_notebook_grids_on_one_root_each_return_only_their_runs_in_grid_order(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("x = 1\nseed = 0\nout_dir = None")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "import json, pathlib\npathlib.Path(out_dir, 'results.json').write_text(json.dumps({'x2': 2 * x}))")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    notebook = tmp_path / "tiny.ipynb"
+    nbformat.write(nb, notebook)
+    root = tmp_path / "grid"
+    fk.sweep.run_notebook_grid(notebook, {"x": [5]}, [0], root, progress=False)
+    df = fk.sweep.run_notebook_grid(notebook, {"x": [3, 1]}, [0], root, progress=False)
+    assert list(df["name"]) == ["x=3__seed=0", "x=1__seed=0"] and list(df["x2"]) == [6, 2]
