@@ -16,7 +16,6 @@ the round loop instead: see feddr_kit/methods/personalized.py.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from .methods import ALGORITHMS, Algorithm, CrossEntropyOf, resolve_regularizer
 from .models import Net
 from .partition import Partition
 from .roundlog import Result
-from .rundir import CHECKPOINT
+from .rundir import CHECKPOINT, load_checkpoint, read_json
 from .schedule import lr_at
 from .streams import FEDETF_PHASES_ROUND, FINETUNE_ROUND, LOCAL_ONLY_ROUND, client_generator
 
@@ -88,8 +87,15 @@ def load_finished(result_or_state: Any) -> tuple[Config, dict[str, torch.Tensor]
         if not (folder / CHECKPOINT).exists() or not (folder / "config.json").exists():
             raise FeddrKitError(f"result_or_state: {folder} is not a finished run folder (no config.json and "
                                 f"{CHECKPOINT}); pass an fk.Result, a run folder or a checkpoint dict")
-        cfg = Config.from_dict(json.loads((folder / "config.json").read_text()))
-        ckpt = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=False)
+        saved = read_json(folder / "config.json", "result_or_state")
+        if not isinstance(saved, dict):
+            raise FeddrKitError(f"result_or_state: {folder / 'config.json'} holds no config (not a JSON object)")
+        try:
+            cfg = Config.from_dict(saved)
+        except FeddrKitError as err:
+            raise FeddrKitError(f"result_or_state: {folder / 'config.json'}: {err}") from None
+        ckpt = load_checkpoint(folder / CHECKPOINT, "result_or_state",
+                               "so it cannot be fine-tuned: run that run again to write a new one")
     elif isinstance(result_or_state, dict) and {"config", "global_state"} <= set(result_or_state):
         ckpt = result_or_state
         cfg = Config.from_dict(dict(ckpt["config"]))

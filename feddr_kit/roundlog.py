@@ -17,8 +17,10 @@ from tqdm.auto import tqdm
 
 from . import instruments, rundir
 from .build import Run
+from .clients import fingerprint, fingerprint_changes
 from .config import Config
 from .data import ImageData
+from .errors import FeddrKitError
 from .evaluation import Evaluator
 from .methods import Algorithm
 from .models import Net
@@ -92,6 +94,20 @@ def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr
     }
 
 
+def _check_same_data(checkpoint: dict, now: dict, out_dir: Path | None) -> None:
+    """Refuse to resume ``checkpoint`` on other data or another partition than it was trained on, naming what
+    changed. A checkpoint without a fingerprint (written before the kit recorded one) is not checked."""
+    saved = checkpoint.get(rundir.DATA_KEY)
+    if not isinstance(saved, dict):
+        return
+    changed = fingerprint_changes(saved, now)
+    if changed:
+        where = f" in {out_dir / rundir.CHECKPOINT}" if out_dir is not None else ""
+        raise FeddrKitError(f"resume: the data or partition changed since the checkpoint{where} was written "
+                            f"({'; '.join(changed)}); resume on the data it was trained on, or start afresh "
+                            "with overwrite")
+
+
 class RoundLog:
     """The record of a run, the same for :func:`feddr_kit.run` and for Flower's strategy: each round's time, the
     history rows of the evaluated rounds, the callback, the checkpoints and, at the end, the :class:`Result`.
@@ -110,7 +126,10 @@ class RoundLog:
                  checkpoint: dict | None = None):
         self.setup, self.cfg, self.out_dir, self.callback = setup, setup.cfg, out_dir, callback
         self.start, self.start_state, self.rows, self.round_seconds = 0, setup.initial_state, [], []
+        needed = out_dir is not None or checkpoint is not None
+        self.fingerprint = fingerprint(setup.data, setup.partition) if needed else None
         if checkpoint is not None:
+            _check_same_data(checkpoint, self.fingerprint, out_dir)
             self.start, self.start_state, self.rows, self.round_seconds = rundir.restore(checkpoint, setup.algo,
                                                                                          setup.device)
         self._config_pending = out_dir is not None
@@ -150,7 +169,7 @@ class RoundLog:
             if self._config_pending:  # a resume: the folder changes from here on
                 (self.out_dir / "summary.json").unlink(missing_ok=True)
             save_checkpoint(self.out_dir, plan.round + 1, global_state, self.setup.algo, self.rows,
-                            self.round_seconds, self.cfg)
+                            self.round_seconds, self.cfg, self.fingerprint)
             if self._config_pending:
                 self._write_config()
         return row

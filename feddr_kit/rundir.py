@@ -46,6 +46,8 @@ RESULT_FILES = ("config.json", "history.csv", "summary.json", CHECKPOINT)
 HELD_RESULTS = ("history.csv", "summary.json", CHECKPOINT)
 # The checkpoint layout this code writes and reads (the keys of save_checkpoint's dict).
 CHECKPOINT_VERSION = 1
+# The optional key of the data and partition's fingerprint; a checkpoint without it (older) is resumed unchecked.
+DATA_KEY = "data_fingerprint"
 # Keys a checkpoint must hold to be resumed from.
 CHECKPOINT_KEYS = ("next_round", "config", "global_state", "algorithm_state", "history", "round_seconds",
                    "torch_rng", "numpy_rng")
@@ -272,12 +274,14 @@ def write_json(path: Path, obj: Any) -> None:
 
 # --------------------------------------------------------------------------- checkpoints
 def save_checkpoint(out_dir: Path, next_round: int, global_state: dict[str, torch.Tensor], algo, rows: list[dict],
-                    round_seconds: list[float], cfg) -> None:
+                    round_seconds: list[float], cfg, data_fingerprint: dict | None = None) -> None:
     """Write ``out_dir/checkpoint.pt`` and ``history.csv``.
 
     The checkpoint holds the global state (name -> tensor, saved on the CPU), ``algo.state_dict()``,
-    the history ``rows``, the ``round_seconds`` so far, ``cfg.to_dict()`` and torch's and NumPy's
-    global RNG states; ``next_round`` is the 0-based round a resume starts with.
+    the history ``rows``, the ``round_seconds`` so far, ``cfg.to_dict()``, torch's and NumPy's
+    global RNG states and, when given, ``data_fingerprint`` (:func:`feddr_kit.clients.fingerprint`; an
+    optional key :data:`DATA_KEY`, so checkpoints written before it existed stay readable);
+    ``next_round`` is the 0-based round a resume starts with.
     """
     ckpt = {
         "version": CHECKPOINT_VERSION,
@@ -290,8 +294,37 @@ def save_checkpoint(out_dir: Path, next_round: int, global_state: dict[str, torc
         "torch_rng": torch.get_rng_state(),
         "numpy_rng": np.random.get_state(),
     }
+    if data_fingerprint is not None:
+        ckpt[DATA_KEY] = data_fingerprint
     atomic_write(out_dir / CHECKPOINT, lambda tmp: torch.save(ckpt, tmp))
     write_text(out_dir / "history.csv", pd.DataFrame(rows).to_csv(index=False))
+
+
+def load_checkpoint(path: Path, who: str, advice: str) -> dict:
+    """``torch.load`` of a checkpoint on the CPU, with every key of :data:`CHECKPOINT_KEYS`; a truncated or
+    foreign file raises a one-line :class:`FeddrKitError` ``"<who>: <path> is unreadable (...); it was left
+    in place, <advice>"``."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
+    except Exception as err:  # truncated, not a torch file, not a dict: all mean the same to the user
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        raise FeddrKitError(f"{who}: {path} is unreadable ({type(err).__name__}: {reason}); it was left in place, "
+                            f"{advice}") from None
+    if missing:
+        raise FeddrKitError(f"{who}: {path} is unreadable (not a feddr_kit checkpoint: no {', '.join(missing)}); "
+                            f"it was left in place, {advice}")
+    return ckpt
+
+
+def read_json(path: Path, who: str) -> Any:
+    """The JSON in ``path``; a one-line :class:`FeddrKitError` ``"<who>: cannot read <path> (...)"`` when it
+    cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # ValueError: bad JSON, and bytes that are not UTF-8
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        raise FeddrKitError(f"{who}: cannot read {path} ({type(err).__name__}: {reason})") from None
 
 
 def read_checkpoint(out_dir: Path, cfg, default_regularizer: str, default_lr: float | None = None) -> dict:
@@ -308,16 +341,7 @@ def read_checkpoint(out_dir: Path, cfg, default_regularizer: str, default_lr: fl
     path = out_dir / CHECKPOINT
     if not path.exists():
         raise FeddrKitError(f"resume=True but there is no checkpoint at {path}; run without resume first")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
-    except Exception as err:  # truncated, not a torch file, not a dict: all mean the same to the user
-        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
-        raise FeddrKitError(f"resume: {path} is unreadable ({type(err).__name__}: {reason}); it was left in place, "
-                            "move it away to start afresh with overwrite") from None
-    if missing:
-        raise FeddrKitError(f"resume: {path} is unreadable (not a feddr_kit checkpoint: no {', '.join(missing)}); "
-                            "it was left in place, move it away to start afresh with overwrite")
+    ckpt = load_checkpoint(path, "resume", "move it away to start afresh with overwrite")
     if ckpt.get("version") != CHECKPOINT_VERSION:
         raise FeddrKitError(f"resume: {path} is a checkpoint of version {ckpt.get('version')!r}, but this feddr_kit "
                             f"reads version {CHECKPOINT_VERSION}; resume it with the feddr_kit that wrote it")

@@ -335,3 +335,66 @@ def test_two_notebook_grids_on_one_root_each_return_only_their_runs_in_grid_orde
     fk.sweep.run_notebook_grid(notebook, {"x": [5]}, [0], root, progress=False)
     df = fk.sweep.run_notebook_grid(notebook, {"x": [3, 1]}, [0], root, progress=False)
     assert list(df["name"]) == ["x=3__seed=0", "x=1__seed=0"] and list(df["x2"]) == [6, 2]
+
+
+# --------------------------------------------------------------------------- broken files under fine-tuning
+@pytest.mark.parametrize("damage", ["config not json", "config not a config", "checkpoint truncated"])
+def test_finetune_of_a_folder_with_a_broken_file_is_one_line_naming_it(copy_of_finished, damage):
+    if damage == "config not json":
+        broken = copy_of_finished / "config.json"
+        broken.write_text('{"dataset": "synth')
+    elif damage == "config not a config":
+        broken = copy_of_finished / "config.json"
+        broken.write_text('{"rounds": -3}')
+    else:
+        broken = copy_of_finished / "checkpoint.pt"
+        broken.write_bytes(broken.read_bytes()[:5000])
+    with pytest.raises(FeddrKitError) as err:
+        fk.personalize.finetune(copy_of_finished)
+    assert str(broken) in str(err.value) and "\n" not in str(err.value), err.value
+    assert type(err.value) is FeddrKitError and err.value.__cause__ is None
+
+
+# --------------------------------------------------------------------------- changed data under a resume
+def _stopped_after_round_one(folder: Path, data) -> None:
+    def stop(row):
+        if row["round"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fk.run(fk.Config(out_dir=str(folder), checkpoint_every=1, **{**TINY, "rounds": 3}), data=data, callback=stop)
+
+
+def test_a_resume_on_changed_data_is_refused_naming_what_changed(tmp_path, synthetic):
+    import dataclasses
+
+    _stopped_after_round_one(tmp_path, synthetic)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    saved = ckpt[rundir.DATA_KEY]
+    assert saved["train_size"] == len(synthetic.train_y) and len(saved["train_label_counts"]) == 10
+    # 30 more training images of class 3, as when images are added to an image folder
+    grown = dataclasses.replace(synthetic, train_x=torch.cat([synthetic.train_x, synthetic.train_x[:30]]),
+                                train_y=torch.cat([synthetic.train_y, torch.full((30,), 3)]))
+    before = snapshot(tmp_path)
+    with pytest.raises(FeddrKitError, match=rf"data or partition changed .*train set size {len(synthetic.train_y)} -> "
+                                            rf"{len(synthetic.train_y) + 30}; train label counts of class\(es\) 3; .*partition"):
+        fk.run(fk.Config(out_dir=str(tmp_path), checkpoint_every=1, **{**TINY, "rounds": 3}), data=grown, resume=True)
+    assert snapshot(tmp_path) == before
+    # The same data but another partition of it (the caller's own)
+    other = fk.partition.shard(synthetic.train_y, synthetic.test_y, num_clients=10, shards_per_client=2, seed=99)
+    with pytest.raises(FeddrKitError, match=r"changed .*\(partition \(the clients' indices\)\)"):
+        fk.run(fk.Config(out_dir=str(tmp_path), checkpoint_every=1, **{**TINY, "rounds": 3}), data=synthetic,
+               partition=other, resume=True)
+    # The data it was trained on: the resume goes on
+    fk.run(fk.Config(out_dir=str(tmp_path), checkpoint_every=1, **{**TINY, "rounds": 3}), data=synthetic, resume=True)
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 3
+
+
+def test_a_checkpoint_without_a_fingerprint_still_resumes(tmp_path, synthetic):
+    _stopped_after_round_one(tmp_path, synthetic)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    del ckpt[rundir.DATA_KEY]  # as written before the kit recorded one
+    assert ckpt["version"] == rundir.CHECKPOINT_VERSION
+    torch.save(ckpt, tmp_path / "checkpoint.pt")
+    fk.run(fk.Config(out_dir=str(tmp_path), checkpoint_every=1, **{**TINY, "rounds": 3}), data=synthetic, resume=True)
+    assert rundir.DATA_KEY in torch.load(tmp_path / "checkpoint.pt", weights_only=False)
