@@ -98,10 +98,27 @@ def make_partition(cfg: Config, data: ImageData) -> Partition:
     if cfg.partition == "shard":
         return partition_mod.shard(y, ty, cfg.num_clients, cfg.shards_per_client, seed=seed)
     if cfg.partition == "dirichlet":
-        return partition_mod.dirichlet(y, ty, cfg.num_clients, cfg.alpha, seed=seed)
+        try:
+            return partition_mod.dirichlet(y, ty, cfg.num_clients, cfg.alpha, seed=seed)
+        except FeddrKitError as err:  # speak of the config's fields, which are what a command-line user can set
+            least = partition_mod.DIRICHLET_MIN_SIZE
+            if str(err).startswith("min_size:"):
+                raise FeddrKitError(f"num_clients: a Dirichlet partition gives every client at least {least} train "
+                                    f"images, more than the {len(y)} there are for {cfg.num_clients} clients; use "
+                                    "fewer clients") from None
+            if str(err).startswith("max_tries:"):
+                raise FeddrKitError(f"alpha: no Dirichlet draw in {partition_mod.DIRICHLET_MAX_TRIES} tries gave every "
+                                    f"client at least {least} train images at alpha={cfg.alpha}; use a larger alpha "
+                                    "or fewer clients (num_clients)") from None
+            raise
     if cfg.partition == "reference":
-        return partition_mod.reference(cfg.reference_partition, y, ty, seed=seed)
+        try:
+            return partition_mod.reference(cfg.reference_partition, y, ty, seed=seed)
+        except FeddrKitError as err:
+            raise FeddrKitError(str(err).replace("path_or_name: ", "reference_partition: ", 1)) from None
     return partition_mod.iid(y, ty, cfg.num_clients, seed=seed)
+
+
 
 
 def check_partition(part: Partition, data: ImageData, cfg: Config) -> None:

@@ -398,3 +398,18 @@ def test_a_checkpoint_without_a_fingerprint_still_resumes(tmp_path, synthetic):
     torch.save(ckpt, tmp_path / "checkpoint.pt")
     fk.run(fk.Config(out_dir=str(tmp_path), checkpoint_every=1, **{**TINY, "rounds": 3}), data=synthetic, resume=True)
     assert rundir.DATA_KEY in torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+
+
+# --------------------------------------------------------------------------- messages in the CLI's words
+@pytest.mark.parametrize("args, field", [
+    (["--partition", "dirichlet", "--num-clients", "200"], "num_clients"),   # 200 x 10 > the 1000 synthetic images
+    (["--partition", "dirichlet", "--num-clients", "90", "--clients-per-round", "2", "--alpha", "0.001"], "alpha"),
+    (["--partition", "reference", "--reference-partition", "no_such_file"], "reference_partition"),
+])
+def test_partition_errors_name_config_fields_not_function_arguments(args, field, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDDR_REFERENCE_DIR", str(tmp_path))
+    code, _, err = cli(capsys, "--rounds", "1", *args)
+    assert code == 2, err
+    (line,) = error_lines(err)
+    assert line.startswith(f"error: {field}: "), line
+    assert not any(word in line for word in ("min_size", "max_tries", "path_or_name")), line
