@@ -413,3 +413,67 @@ def test_partition_errors_name_config_fields_not_function_arguments(args, field,
     (line,) = error_lines(err)
     assert line.startswith(f"error: {field}: "), line
     assert not any(word in line for word in ("min_size", "max_tries", "path_or_name")), line
+
+
+# --------------------------------------------------------------------------- behaviours no test pinned
+def test_finetune_leaves_spherefeds_orthonormal_head_bit_identical_and_says_so(synthetic, tmp_path, monkeypatch):
+    from feddr_kit import local
+
+    folder = tmp_path / "spherefed"
+    fk.run(fk.Config(algorithm="spherefed", out_dir=str(folder), **{**TINY, "rounds": 1}), data=synthetic)
+    global_head = torch.load(folder / "checkpoint.pt", weights_only=False)["global_state"]["head.weight"]
+    heads, bodies = [], []
+    real = local.train_client
+
+    def spy(model, *args, **kw):
+        body = model.state_dict()["body.0.weight"].clone()
+        out = real(model, *args, **kw)
+        heads.append(model.head.weight.detach().clone())
+        bodies.append(not torch.equal(body, model.state_dict()["body.0.weight"]))
+        return out
+
+    monkeypatch.setattr(local, "train_client", spy)
+    ft = fk.personalize.finetune(folder, epochs=1, lr=0.01, data=synthetic)
+    assert ft.summary()["head_trained"] is False
+    assert len(heads) == 10 and all(bodies)  # every client fine-tuned its body
+    assert all(torch.equal(h, global_head) for h in heads)  # and never moved the head, not by one bit
+
+
+def test_evaluation_never_augments(synthetic, monkeypatch):
+    # Every evaluation path sees the test images as they are: no crop, no flip. Checked two ways: augment is
+    # never called, and the accuracies equal a forward pass over the plain normalized images.
+    r = fk.run(fk.Config(algorithm="fedavg", **{**TINY, "rounds": 1}), data=synthetic)
+    model, algo, part = r.model, r.algorithm, r.partition
+    calls = []
+    real_augment = fk.data.ImageData.augment
+    monkeypatch.setattr(fk.data.ImageData, "augment", lambda self, *a, **kw: calls.append(1) or real_augment(self, *a, **kw))
+    evaluator = fk.evaluation.Evaluator(synthetic, part, 0)
+    row = evaluator(model, algo)
+    local_accs = [evaluator.client_accuracy(model, algo, k) for k in range(part.num_clients)]
+    probe = fk.evaluation.probe_set(synthetic, 50, 0, model)
+    fk.evaluation.probe_view(model, algo, synthetic, *probe)
+    fk.personalize.finetune(r, epochs=0, data=synthetic)
+    assert calls == []
+    model.eval()
+    with torch.no_grad():
+        pred = algo.logits(model, model.features(synthetic.normalize(synthetic.test_x))).argmax(1)
+    assert row["test_acc"] == pytest.approx((pred == synthetic.test_y).float().mean().item(), abs=1e-9)
+    by_hand = [(pred[idx] == synthetic.test_y[idx]).float().mean().item() for idx in map(torch.as_tensor, part.test_indices)]
+    assert local_accs == pytest.approx(by_hand, abs=1e-9)
+
+
+def test_flower_equals_fk_run_bit_for_bit_on_clients_of_different_sizes(synthetic):
+    pytest.importorskip("flwr")
+    from feddr_kit import flower
+
+    cfg = fk.Config(algorithm="feddr+", dataset="synthetic", num_clients=4, clients_per_round=3, partition="dirichlet",
+                    alpha=0.3, rounds=2, local_epochs=1, eval_every=1, lr_gamma=1.0, progress=False, engine="serial",
+                    device="cpu")
+    kit = fk.run(cfg, data=synthetic)
+    sizes = kit.partition.sizes
+    assert len(set(sizes.tolist())) == 4 and sizes.max() > 1.2 * sizes.min()  # size-weighting differs from uniform
+    on_flower = flower.run_in_process(cfg, data=synthetic)
+    pd.testing.assert_frame_equal(kit.history.drop(columns="seconds"), on_flower.history.drop(columns="seconds"),
+                                  check_exact=True)
+    a, b = kit.model.state_dict(), on_flower.model.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[n], b[n]) for n in a)
