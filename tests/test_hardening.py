@@ -477,3 +477,21 @@ def test_flower_equals_fk_run_bit_for_bit_on_clients_of_different_sizes(syntheti
                                   check_exact=True)
     a, b = kit.model.state_dict(), on_flower.model.state_dict()
     assert list(a) == list(b) and all(torch.equal(a[n], b[n]) for n in a)
+
+
+# --------------------------------------------------------------------------- the personalized methods' switches
+@pytest.mark.parametrize("n, batch, epochs, kit, reference", [(500, 50, 5, 50, 30), (500, 50, 1, 10, 22), (120, 50, 2, 6, 8)])
+def test_perfedavg_takes_the_reference_codes_batch_pairs_behind_a_switch(n, batch, epochs, kit, reference):
+    from feddr_kit.methods import get_algorithm
+
+    steps = epochs * -(-n // batch)
+    cfg = fk.Config(algorithm="perfedavg", local_epochs=epochs, batch_size=batch)
+    assert cfg.perfedavg_steps == "kit" and get_algorithm(cfg).num_local_steps(steps) == kit
+    assert get_algorithm(cfg.replace(perfedavg_steps="reference")).num_local_steps(steps) == reference
+
+
+def test_perfedavg_reference_steps_run_and_an_unknown_value_is_refused(synthetic):
+    r = fk.run(fk.Config(algorithm="perfedavg", perfedavg_steps="reference", weight_decay=0.0, **TINY), data=synthetic)
+    assert "personalized_acc" in r.history
+    with pytest.raises(FeddrKitError, match="perfedavg_steps must be one of kit, reference"):
+        fk.Config(perfedavg_steps="paper")
