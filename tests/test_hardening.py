@@ -495,3 +495,29 @@ def test_perfedavg_reference_steps_run_and_an_unknown_value_is_refused(synthetic
     assert "personalized_acc" in r.history
     with pytest.raises(FeddrKitError, match="perfedavg_steps must be one of kit, reference"):
         fk.Config(perfedavg_steps="paper")
+
+
+def test_local_only_reference_schedule_decays_the_lr_and_keeps_each_clients_best_epoch(synthetic, monkeypatch):
+    from feddr_kit import local
+
+    lrs, accs = [], []
+    real_train, real_acc = local.train_client, fk.evaluation.Evaluator.client_accuracy
+
+    def spy_train(model, teacher, algo, data, idx, ctx, cfg, device, gen=None):
+        lrs.append((ctx.client, ctx.lr))
+        return real_train(model, teacher, algo, data, idx, ctx, cfg, device, gen=gen)
+
+    def spy_acc(self, model, algo, k):
+        accs.append((k, real_acc(self, model, algo, k)))
+        return accs[-1][1]
+
+    monkeypatch.setattr(local, "train_client", spy_train)
+    monkeypatch.setattr(fk.evaluation.Evaluator, "client_accuracy", spy_acc)
+    res = fk.personalize.local_only(fk.Config(**TINY), "ce", schedule="reference", epochs=4, lr=0.05, data=synthetic)
+    assert [lr for k, lr in lrs if k == 0] == pytest.approx([0.05, 0.05, 0.005, 0.0005])
+    for _, row in res.per_client.iterrows():
+        mine = [a for k, a in accs if k == row["client"]]
+        assert len(mine) == 4 and row["after"] == max(mine) and mine[int(row["best_epoch"]) - 1] == max(mine)
+    assert res.info["schedule"] == "reference" and res.info["epochs"] == 4
+    with pytest.raises(FeddrKitError, match="schedule must be one of kit, reference"):
+        fk.personalize.local_only(fk.Config(**TINY), "ce", schedule="paper", data=synthetic)
