@@ -21,7 +21,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from .config import Config, read_file, read_mapping
-from .errors import DivergedError, FeddrKitError
+from .errors import DivergedError, FeddrKitError, StorageError
 from .flower_run import UNSUPPORTED
 from .personalize import METHODS
 
@@ -111,12 +111,12 @@ def build_parser(typed_only: bool = False) -> argparse.ArgumentParser:
     that parsing gives only the flags typed (see the module's docstring)."""
     from . import sweep
 
-    parser = argparse.ArgumentParser(prog="python -m feddr_kit", description="feddr_kit: federated runs of FedDr+ and its baselines",
+    parser = argparse.ArgumentParser(prog="python -m feddr_kit", allow_abbrev=False, description="feddr_kit: federated runs of FedDr+ and its baselines",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=f"examples:\n  {EXAMPLE}\n  {RESUME_EXAMPLE}\n  {SWEEP_EXAMPLE}\n  {SHOW_EXAMPLE}\n"
                                             f"  {FLOWER_EXAMPLE}\n\n'python -m feddr_kit run --help' lists every setting.")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
-    run = sub.add_parser("run", help="run one federated training and print its summary", formatter_class=_DefaultsFormatter,
+    run = sub.add_parser("run", allow_abbrev=False, help="run one federated training and print its summary", formatter_class=_DefaultsFormatter,
                          description="Settings, later winning: the defaults below; with --resume, the run's own "
                                      "config.json; the --config file; the flags typed.")
     add_config_file(run)
@@ -128,7 +128,7 @@ def build_parser(typed_only: bool = False) -> argparse.ArgumentParser:
     sweep_parser = sub.choices["sweep"]
     add_config_file(sweep_parser)
     add_config_flags(sweep_parser, skip=SWEEP_SET, typed_only=typed_only)
-    flower = sub.add_parser("flower", help="run one federated training under Flower's `flwr run` simulation "
+    flower = sub.add_parser("flower", allow_abbrev=False, help="run one federated training under Flower's `flwr run` simulation "
                             "(needs pip install -e \".[flower]\")", formatter_class=_DefaultsFormatter,
                             description="Writes the Flower App (pyproject.toml with the Config fields) and FLWR_HOME "
                                         "under --out-dir, starts a SuperLink there, runs `flwr run ... --stream`, stops "
@@ -143,20 +143,20 @@ def build_parser(typed_only: bool = False) -> argparse.ArgumentParser:
                         help="CPUs Ray may use, one ClientApp actor each (1: quickest Ray start-up); none: all cores")
     flower.add_argument("--ray-memory-threshold", type=_optional(float), default=0.98,
                         help="RAY_memory_usage_threshold (Ray counts other processes' memory too); none: Ray's default")
-    show = sub.add_parser("show", help="print a run's summary and plot its history, or a sweep's interval table",
+    show = sub.add_parser("show", allow_abbrev=False, help="print a run's summary and plot its history, or a sweep's interval table",
                           description="PATH a run folder: its summary, and its history drawn to PATH/history.png. PATH a "
                                       "sweep root: mean and 95 %% t interval over seeds per grid point. Files and "
                                       "columns: docs/outputs.md.")
     show.add_argument("path", metavar="PATH", help="a run folder (run --out-dir) or a sweep root (sweep --root)")
     show.add_argument("--csv", metavar="FILE", default=None, help="save a sweep's interval table to FILE")
     show.add_argument("--value", default="final_acc", help="for a sweep: the summary field tabulated (default: final_acc)")
-    export = sub.add_parser("export", help="write a finished run's global weights (.pt or .safetensors) and a JSON to rebuild it",
+    export = sub.add_parser("export", allow_abbrev=False, help="write a finished run's global weights (.pt or .safetensors) and a JSON to rebuild it",
                             description="Writes the reported global weights alone (torch.load(weights_only=True) reads a "
                                         ".pt) and FILE's .json twin: model, classes, normalization, Config. "
                                         "fk.load_model(FILE) rebuilds the model.")
     export.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder")
     export.add_argument("--to", required=True, metavar="FILE", help="model.pt, or model.safetensors (needs pip install safetensors)")
-    pers = sub.add_parser("personalize", help="fine-tune a finished run on every client (or train each alone) and save "
+    pers = sub.add_parser("personalize", allow_abbrev=False, help="fine-tune a finished run on every client (or train each alone) and save "
                           "per-client accuracies", formatter_class=_DefaultsFormatter,
                           description="finetune: every client fine-tunes the run's global model on its own data "
                                       "(fk.personalize.finetune); local-only: every client trains alone from the common "
@@ -202,7 +202,8 @@ def summary_line(cfg: Config, summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code (0 done, 1 the run diverged or a sweep run failed, 2 bad input)."""
+    """Entry point; returns the process exit code (0 done, 1 the run diverged or a sweep run failed, 2 bad input,
+    3 a result file could not be written, 130 interrupted by Ctrl-C)."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -210,6 +211,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = vars(parser.parse_args(argv))
     typed = vars(build_parser(typed_only=True).parse_args(argv))
+    with warnings.catch_warnings():  # warnings as one plain sentence each, without a source line
+        warnings.showwarning = _plain_warning
+        try:
+            return dispatch(args, typed)
+        except KeyboardInterrupt:  # the run's folder is released on the way out; its last checkpoint is kept
+            print("interrupted: the last checkpoint is kept and the folder released; the same command continues "
+                  "(add --resume to a run)", file=sys.stderr)
+            return 130
+
+
+def dispatch(args: dict, typed: dict) -> int:
+    """Run the parsed command (``args``: every option; ``typed``: only the flags typed); returns the exit code."""
     command = args["command"]
     if command == "show":
         from .show import main as show_main
@@ -239,21 +252,22 @@ def main(argv: list[str] | None = None) -> int:
         return sweep_main({**args, "base_file": base_file, "base_flags": base_flags})
     if command == "flower":
         return flower_main(cfg, args)
-    with warnings.catch_warnings():  # warnings as one plain sentence each, without a source line
-        warnings.showwarning = _plain_warning
-        try:
-            from .federated import run, schedule_note
+    try:
+        from .federated import run, schedule_note
 
-            note = schedule_note(cfg)
-            if note:
-                print(note, file=sys.stderr)
-            result = run(cfg, resume=args["resume"])
-        except DivergedError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-        except FeddrKitError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
+        note = schedule_note(cfg)
+        if note:
+            print(note, file=sys.stderr)
+        result = run(cfg, resume=args["resume"])
+    except DivergedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except StorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except FeddrKitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(json.dumps(result.summary, indent=2))
     print("\n" + summary_line(result.config, result.summary))
     if result.out_dir is not None:

@@ -9,7 +9,7 @@ paper's and its reference code's) are given in each field's help. Validation nam
 what is allowed.
 
 The methods' own settings (``mu``, ``tau``, ``fedexp_*``, ``scaffold_zero_head_grad``,
-``fedrep_head_epochs``, ``ditto_lambda``, ``perfedavg_beta``, ``spherefed_calibration``) are fields
+``fedrep_head_epochs``, ``ditto_lambda``, ``perfedavg_beta``, ``perfedavg_steps``, ``spherefed_calibration``) are fields
 here too, each named after the method that reads it, rather than a per-method mapping. One flat
 namespace of scalars is what everything that carries a config shares: the command line has one
 ``--flag`` per field, a Flower run config holds only flat bool/int/float/str values, a sweep grid
@@ -35,6 +35,7 @@ from .errors import FeddrKitError
 DATASETS = ("cifar10", "cifar100", "imagefolder", "synthetic")
 PARTITIONS = ("shard", "dirichlet", "iid", "reference")
 FEDEXP_STEPS = ("fedexp", "reference")
+PERFEDAVG_STEPS = ("kit", "reference")
 REGULARIZERS = ("none", "prox", "kd", "ntd", "ld", "fd")
 DEVICES = ("auto", "cpu", "cuda")
 ENGINES = ("auto", "serial", "batched")
@@ -104,6 +105,7 @@ class Config:
     fedrep_head_epochs: int = field(default=10, metadata={"help": "FedRep: head-only epochs before the local_epochs body-only epochs (FedRep's CIFAR-10 code: 10)"})
     ditto_lambda: float = field(default=0.75, metadata={"help": "Ditto: weight lambda of the proximal term (lambda/2)||v - w||^2 of the personal model (FedBABU code: 0.75)"})
     perfedavg_beta: float | None = field(default=None, metadata={"help": "Per-FedAvg: outer step size beta; None = the run's initial lr (the reference's fixed 0.1 = its lr0)"})
+    perfedavg_steps: str = field(default="kit", metadata={"help": "Per-FedAvg batches per visit: kit (the kit's local rule, E*nb batches, so E*nb/2 (D, D') pairs; nb batches per epoch) | reference (E*(nb//E + 1) pairs, as the FedBABU / FedDr+ code; with weight_decay=0 it is that code's step)"})
     spherefed_calibration: bool = field(default=False, metadata={"help": "SphereFed closed-form head calibration after training"})
 
     def __post_init__(self) -> None:
@@ -126,7 +128,8 @@ class Config:
 
         for name, allowed in (("dataset", DATASETS), ("partition", PARTITIONS), ("model", MODELS),
                               ("algorithm", tuple(ALGORITHMS)), ("regularizer", REGULARIZERS), ("device", DEVICES),
-                              ("engine", ENGINES), ("precision", PRECISIONS), ("fedexp_step", FEDEXP_STEPS)):
+                              ("engine", ENGINES), ("precision", PRECISIONS), ("fedexp_step", FEDEXP_STEPS),
+                              ("perfedavg_steps", PERFEDAVG_STEPS)):
             self._choice(name, allowed)
         for name in ("deterministic", "probes", "progress", "tensorboard", "overwrite", "scaffold_zero_head_grad",
                      "spherefed_calibration"):

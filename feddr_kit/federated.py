@@ -29,7 +29,7 @@ from .clients import check_partition, load_data, make_partition
 from .config import Config
 from .data import ImageData
 from .engine import resolve_device
-from .errors import FeddrKitError
+from .errors import DivergedError, FeddrKitError
 from .evaluation import Evaluator, forward_all, probe_set, probe_view
 from .local import (body_parameter_names, build_teacher, check_local_loss, client_batch, client_loss,
                     dirichlet_steps, local_batches, local_step, local_steps, measured_terms, train_client)
@@ -163,6 +163,7 @@ def open_run(cfg: Config, *, resume: bool = False, data: ImageData | None = None
     decided (:func:`feddr_kit.methods.resolve_regularizer`), ``out_dir`` (when set) is owned
     (:func:`feddr_kit.rundir.claim`; ``claim=False`` when the caller owns it, as ``flower.simulate``
     does for its ServerApp) and, with ``resume``, its checkpoint is read; then :func:`build_run`.
+    A :class:`DivergedError` from the rounds gets the way on appended (:func:`diverged_advice`).
     """
     cfg = resolve_regularizer(cfg)
     if resume and not cfg.out_dir:
@@ -175,8 +176,38 @@ def open_run(cfg: Config, *, resume: bool = False, data: ImageData | None = None
     with engine_mod.kernel_settings(cfg.deterministic, device), _folder(cfg, resume, claim) as out_dir:
         checkpoint = None
         if resume:
-            checkpoint = rundir.read_checkpoint(out_dir, cfg, ALGORITHMS[cfg.algorithm].regularizer_for(None))
-        yield RoundLog(build_run(cfg, device, data, partition), out_dir, callback, checkpoint)
+            checkpoint = rundir.read_checkpoint(out_dir, cfg, ALGORITHMS[cfg.algorithm].regularizer_for(None),
+                                                _default_lr(cfg))
+        try:
+            yield RoundLog(build_run(cfg, device, data, partition), out_dir, callback, checkpoint)
+        except DivergedError as err:
+            raise DivergedError(f"{err} {diverged_advice(out_dir)}") from None
+
+
+def _default_lr(cfg: Config) -> float | None:
+    """The initial lr ``cfg`` would use with ``lr=None``, or None when its model has no default lr."""
+    with contextlib.suppress(FeddrKitError):
+        return initial_lr(cfg.replace(lr=None))
+    return None
+
+
+def diverged_advice(out_dir: Path | None) -> str:
+    """What to do after a divergence, by what ``out_dir`` holds: resume its last checkpoint with a smaller lr,
+    or, before the first checkpoint, start again with one (a folder holding only config.json needs no overwrite)."""
+    if out_dir is None:
+        return "(run again with a smaller lr)"
+    if (out_dir / CHECKPOINT).exists():
+        done = _checkpoint_round(out_dir / CHECKPOINT)
+        return (f"(the last checkpoint in {out_dir}{done} is kept: resume from it with a smaller lr, "
+                "resume=True / --resume with lr / --lr)")
+    return (f"(no checkpoint was written in {out_dir} yet: run again with a smaller lr, without resume; "
+            "the folder is started afresh)")
+
+
+def _checkpoint_round(path: Path) -> str:
+    with contextlib.suppress(Exception):  # the advice must not fail on a checkpoint it cannot read
+        return f", after round {int(torch.load(path, map_location='cpu', weights_only=False)['next_round'])}"
+    return ""
 
 
 @contextlib.contextmanager
@@ -197,6 +228,7 @@ def run(
     data: ImageData | None = None,
     partition: Partition | None = None,
     callback: Callable[[dict], None] | None = None,
+    claim: bool = True,
     **overrides: Any,
 ) -> Result:
     """Run federated training as ``cfg`` says and return a :class:`Result`.
@@ -208,10 +240,12 @@ def run(
 
     With ``out_dir``, the run owns that folder while it runs (:func:`feddr_kit.rundir.claim`): another
     run into it is refused, and so is a fresh run into a folder holding results unless ``cfg.overwrite``.
-    ``regularizer=None`` is replaced by the algorithm's own in the returned and saved config.
+    ``claim=False`` when the caller already holds ``out_dir`` (:func:`feddr_kit.rundir.claim`, as a sweep does
+    while it prepares and runs each folder). ``regularizer=None`` is replaced by the algorithm's own in the
+    returned and saved config.
     """
     cfg = (cfg or Config()).replace(**overrides) if overrides else (cfg or Config())
-    with open_run(cfg, resume=resume, data=data, partition=partition, callback=callback) as log:
+    with open_run(cfg, resume=resume, data=data, partition=partition, callback=callback, claim=claim) as log:
         return _rounds(log)
 
 

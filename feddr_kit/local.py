@@ -260,5 +260,5 @@ def check_local_loss(mean_loss: float, ctx: ClientContext) -> None:
     if not math.isfinite(mean_loss):
         raise DivergedError(
             f"round {ctx.round + 1}, client {ctx.client}: the local loss became {mean_loss} at lr={ctx.lr:g}; "
-            "try a smaller learning rate (the last good checkpoint in out_dir is kept: resume from it with a smaller lr)"
+            "try a smaller learning rate"
         )

@@ -135,8 +135,12 @@ def shard(train_y, test_y, num_clients: int = 100, shards_per_client: int = 2,
     return Partition("shard", params, train_idx, test_idx, train, test, num_classes)
 
 
+# A Dirichlet partition's defaults: the least train samples of a client, and the draws tried to get there.
+DIRICHLET_MIN_SIZE, DIRICHLET_MAX_TRIES = 10, 1000
+
+
 def dirichlet(train_y, test_y, num_clients: int = 100, alpha: float = 0.1, seed: int = 0,
-              min_size: int = 10, max_tries: int = 1000) -> Partition:
+              min_size: int = DIRICHLET_MIN_SIZE, max_tries: int = DIRICHLET_MAX_TRIES) -> Partition:
     """Latent Dirichlet allocation of classes to clients (FedML variant), as the reference code draws it.
 
     For each class, client shares ``p ~ Dir(alpha)``; clients already holding ``N/K`` samples

@@ -39,11 +39,14 @@ from .methods import ALGORITHMS, Algorithm, CrossEntropyOf, resolve_regularizer
 from .models import Net
 from .partition import Partition
 from .roundlog import Result
-from .rundir import CHECKPOINT, write_json, write_text
+from .rundir import CHECKPOINT, load_checkpoint, read_json, write_json, write_text
 from .schedule import lr_at
 from .streams import FEDETF_PHASES_ROUND, FINETUNE_ROUND, LOCAL_ONLY_ROUND, client_generator
 
 LOCAL_LOSSES = {"ce": "fedavg", "ce_etf": "fedavg", "dr": "dr"}
+LOCAL_SCHEDULES = ("kit", "reference")
+# The reference code's local-only protocol: 160 epochs at lr 0.1, ×0.1 at epochs 80 and 120.
+REFERENCE_LOCAL_EPOCHS, REFERENCE_LOCAL_LR = 160, 0.1
 PROTOCOLS = ("generic", "fedetf")
 FT_STREAM, LOCAL_STREAM = FINETUNE_ROUND, LOCAL_ONLY_ROUND  # the names these streams had here
 
@@ -89,8 +92,15 @@ def load_finished(result_or_state: Any) -> tuple[Config, dict[str, torch.Tensor]
         if not (folder / CHECKPOINT).exists() or not (folder / "config.json").exists():
             raise FeddrKitError(f"result_or_state: {folder} is not a finished run folder (no config.json and "
                                 f"{CHECKPOINT}); pass an fk.Result, a run folder or a checkpoint dict")
-        cfg = Config.from_dict(json.loads((folder / "config.json").read_text()))
-        ckpt = torch.load(folder / CHECKPOINT, map_location="cpu", weights_only=False)
+        saved = read_json(folder / "config.json", "result_or_state")
+        if not isinstance(saved, dict):
+            raise FeddrKitError(f"result_or_state: {folder / 'config.json'} holds no config (not a JSON object)")
+        try:
+            cfg = Config.from_dict(saved)
+        except FeddrKitError as err:
+            raise FeddrKitError(f"result_or_state: {folder / 'config.json'}: {err}") from None
+        ckpt = load_checkpoint(folder / CHECKPOINT, "result_or_state",
+                               "so it cannot be fine-tuned: run that run again to write a new one")
     elif isinstance(result_or_state, dict) and {"config", "global_state"} <= set(result_or_state):
         ckpt = result_or_state
         cfg = Config.from_dict(dict(ckpt["config"]))
@@ -233,8 +243,8 @@ def _fedetf_personalize(model: Net, algo: Algorithm, data: ImageData, idx: torch
 
 # --------------------------------------------------------------------------- local-only baselines
 def local_only(cfg: Config, loss: str = "ce", *, epochs: float | None = None, lr: float | None = None,
-               data: ImageData | None = None, partition: Partition | None = None, device: str = "cpu",
-               progress: bool = False) -> PersonalResult:
+               schedule: str = "kit", data: ImageData | None = None, partition: Partition | None = None,
+               device: str = "cpu", progress: bool = False) -> PersonalResult:
     """Train every client alone from the common initialization of ``cfg.seed`` and evaluate it on its own test set.
 
     ``loss``: ``"ce"`` (cross-entropy, learned head), ``"ce_etf"`` (cross-entropy, the head initialized
@@ -243,8 +253,16 @@ def local_only(cfg: Config, loss: str = "ce", *, epochs: float | None = None, lr
     ``rounds · clients_per_round / num_clients`` visits of :func:`feddr_kit.local.local_steps` each (at least
     one step); ``epochs`` instead gives ``epochs`` × one visit's steps. ``lr``: constant, default the
     loss's algorithm's default lr (``cfg.lr`` when set). Momentum and weight decay are ``cfg``'s.
+
+    ``schedule="reference"`` is the FedDr+ reference code's local-only protocol instead: ``epochs`` (default
+    160) shuffled epochs at ``lr`` (default 0.1), multiplied by 0.1 at 1/2 and 3/4 of them (epochs 80 and
+    120), each client evaluated on its test set after every epoch and reported at its **best** epoch
+    (column ``best_epoch``). Choosing the epoch by test accuracy is optimistic: it reads the test set it
+    reports on. The optimizer (and its momentum) starts afresh every epoch.
     Returns a :class:`PersonalResult` (method ``"local-<loss>"``; ``before`` is NaN).
     """
+    if schedule not in LOCAL_SCHEDULES:
+        raise FeddrKitError(f"schedule must be one of {', '.join(LOCAL_SCHEDULES)}, got {schedule!r}")
     if loss not in LOCAL_LOSSES:
         raise FeddrKitError(f"loss must be one of {', '.join(LOCAL_LOSSES)}, got {loss!r}")
     if epochs is not None and not (isinstance(epochs, (int, float)) and epochs > 0):
@@ -264,6 +282,8 @@ def local_only(cfg: Config, loss: str = "ce", *, epochs: float | None = None, lr
     evaluator = Evaluator(data, part, lcfg.seed)
     clients = Clients.of(data, part, dev)
     rows = []
+    if schedule == "reference":
+        return _local_only_reference(lcfg, loss, algo, model, init, data, part, dev, epochs, lr, progress)
     for k in progress_mod.each(range(part.num_clients), f"local-{loss}", unit="clients", disable=not progress):
         model.load_state_dict(init)
         n = clients.size(k)
@@ -273,6 +293,35 @@ def local_only(cfg: Config, loss: str = "ce", *, epochs: float | None = None, lr
         rows.append({"client": k, "n_train": n, "n_test": len(part.test_indices[k]), "before": float("nan"),
                      "after": evaluator.client_accuracy(model, algo, k), "steps": steps})
     info = {"loss": loss, "lr": lr_used, "visits": visits, "seed": lcfg.seed}
+    return PersonalResult(f"local-{loss}", pd.DataFrame(rows), info)
+
+
+def _local_only_reference(lcfg: Config, loss: str, algo: Algorithm, model: Net, init: dict[str, torch.Tensor],
+                          data: ImageData, part: Partition, device: torch.device, epochs: float | None,
+                          lr: float | None, progress: bool) -> PersonalResult:
+    """:func:`local_only` with ``schedule="reference"``: every client trains ``epochs`` shuffled epochs from
+    ``init`` at a step-decayed lr and is reported at its best epoch by test accuracy."""
+    total = int(epochs) if epochs is not None else REFERENCE_LOCAL_EPOCHS
+    lr0 = float(lr) if lr is not None else REFERENCE_LOCAL_LR
+    ecfg = lcfg.replace(partition="iid")  # whole shuffled epochs, whatever the partition's batch rule
+    evaluator = Evaluator(data, part, lcfg.seed)
+    clients = Clients.of(data, part, device)
+    rows = []
+    for k in progress_mod.each(range(part.num_clients), f"local-{loss}", unit="clients", disable=not progress):
+        model.load_state_dict(init)
+        n, idx = clients.size(k), clients.indices[k]
+        gen = client_generator(lcfg.seed, LOCAL_ONLY_ROUND, k, device)
+        best, best_epoch = -1.0, 0
+        for e in range(total):
+            lr_e = lr0 * 0.1 ** ((e >= total // 2) + (e >= total * 3 // 4))
+            ctx = client_context(algo, ecfg, clients, k, LOCAL_ONLY_ROUND, lr_e, init, num_steps=-(-n // ecfg.batch_size))
+            local.train_client(model, None, algo, data, idx, ctx, ecfg, device, gen=gen)
+            acc = evaluator.client_accuracy(model, algo, k)
+            if acc > best:
+                best, best_epoch = acc, e + 1
+        rows.append({"client": k, "n_train": n, "n_test": len(part.test_indices[k]), "before": float("nan"),
+                     "after": best, "best_epoch": best_epoch})
+    info = {"loss": loss, "lr": lr0, "epochs": total, "schedule": "reference", "seed": lcfg.seed}
     return PersonalResult(f"local-{loss}", pd.DataFrame(rows), info)
 
 

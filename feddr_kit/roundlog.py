@@ -15,8 +15,10 @@ import pandas as pd
 import torch
 from . import instruments, progress, rundir, tblog
 from .build import Run
+from .clients import fingerprint, fingerprint_changes
 from .config import Config
 from .data import ImageData
+from .errors import FeddrKitError
 from .evaluation import Evaluator
 from .methods import Algorithm
 from .models import Net
@@ -90,13 +92,30 @@ def summarize(history: pd.DataFrame, round_seconds: list[float], cfg: Config, lr
     }
 
 
+def _check_same_data(checkpoint: dict, now: dict, out_dir: Path | None) -> None:
+    """Refuse to resume ``checkpoint`` on other data or another partition than it was trained on, naming what
+    changed. A checkpoint without a fingerprint (written before the kit recorded one) is not checked."""
+    saved = checkpoint.get(rundir.DATA_KEY)
+    if not isinstance(saved, dict):
+        return
+    changed = fingerprint_changes(saved, now)
+    if changed:
+        where = f" in {out_dir / rundir.CHECKPOINT}" if out_dir is not None else ""
+        raise FeddrKitError(f"resume: the data or partition changed since the checkpoint{where} was written "
+                            f"({'; '.join(changed)}); resume on the data it was trained on, or start afresh "
+                            "with overwrite")
+
+
 class RoundLog:
     """The record of a run, the same for :func:`feddr_kit.run` and for Flower's strategy: each round's time, the
     history rows of the evaluated rounds, the callback, the checkpoints and, at the end, the :class:`Result`.
 
     With ``out_dir`` it writes ``config.json`` at once (and, with ``cfg.tensorboard``, each history row to
     ``out_dir/tb/``: :mod:`feddr_kit.tblog`), ``history.csv`` and ``checkpoint.pt`` when a
-    checkpoint is due and ``summary.json`` at the end. A ``checkpoint`` (read by
+    checkpoint is due and ``summary.json`` (and ``history.csv`` again) at the end. A resumed run writes
+    its ``config.json`` with its first checkpoint instead, removing the ``summary.json`` of the run it
+    extends first, so that a resume that diverges or is killed before then leaves the folder as it found
+    it, and one killed after never pairs a new config with an old summary. A ``checkpoint`` (read by
     :func:`feddr_kit.rundir.read_checkpoint`) is restored first: then ``start`` and ``start_state`` are the
     round and global state to continue from, else 0 and ``setup.initial_state``. ``callback(row)`` is
     called with every history row (a dict).
@@ -106,11 +125,15 @@ class RoundLog:
                  checkpoint: dict | None = None):
         self.setup, self.cfg, self.out_dir, self.callback = setup, setup.cfg, out_dir, callback
         self.start, self.start_state, self.rows, self.round_seconds = 0, setup.initial_state, [], []
+        needed = out_dir is not None or checkpoint is not None
+        self.fingerprint = fingerprint(setup.data, setup.partition) if needed else None
         if checkpoint is not None:
+            _check_same_data(checkpoint, self.fingerprint, out_dir)
             self.start, self.start_state, self.rows, self.round_seconds = rundir.restore(checkpoint, setup.algo,
                                                                                          setup.device)
-        if out_dir is not None:
-            write_text(out_dir / "config.json", self.cfg.to_json() + "\n")
+        self._config_pending = out_dir is not None
+        if out_dir is not None and checkpoint is None:
+            self._write_config()
         self.evaluator = Evaluator(setup.data, setup.partition, self.cfg.seed)
         self.writer = tblog.open_writer(out_dir, self.cfg.to_dict(), checkpoint is None) if self.cfg.tensorboard and out_dir else None
         self.bar = progress.bar(self.cfg.rounds, self.cfg.algorithm, unit="rounds", initial=self.start,
@@ -145,9 +168,17 @@ class RoundLog:
         self.round_seconds.append(seconds)
         self.bar.update(1)
         if self.out_dir is not None and checkpoint_due(self.cfg, plan.round):
+            if self._config_pending:  # a resume: the folder changes from here on
+                (self.out_dir / "summary.json").unlink(missing_ok=True)
             save_checkpoint(self.out_dir, plan.round + 1, global_state, self.setup.algo, self.rows,
-                            self.round_seconds, self.cfg)
+                            self.round_seconds, self.cfg, self.fingerprint)
+            if self._config_pending:
+                self._write_config()
         return row
+
+    def _write_config(self) -> None:
+        write_text(self.out_dir / "config.json", self.cfg.to_json() + "\n")
+        self._config_pending = False
 
     def finish(self, global_state: dict[str, torch.Tensor]) -> Result:
         """The :class:`Result` of the finished run (``setup.model`` in the reported state); writes
@@ -160,5 +191,9 @@ class RoundLog:
         history = pd.DataFrame(self.rows)
         summary = summarize(history, self.round_seconds, self.cfg, setup.lr0)
         if self.out_dir is not None:
+            # The whole history again: a resume of a finished run mends a history.csv damaged since.
+            write_text(self.out_dir / "history.csv", history.to_csv(index=False))
+            if self._config_pending:
+                self._write_config()
             write_json(self.out_dir / "summary.json", summary)
         return Result(self.cfg, history, summary, setup.model, setup.algo, setup.partition, setup.data, self.out_dir)

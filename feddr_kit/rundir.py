@@ -6,9 +6,11 @@ folder can be written (before any data is loaded), takes the folder's lock, remo
 files of killed runs, and refuses a fresh run into a folder holding another run's results unless
 ``overwrite`` (which then removes them). On exit, normal or not, it releases the lock.
 
-The lock is the file ``.lock`` in the folder, holding the owner's pid and host. It is held with
-``flock``, which the kernel releases when its process dies, so a lock left by a killed run is
-recognized as stale and taken over (with a warning) instead of blocking the folder for ever.
+The lock is the file ``.lock`` in the folder, holding the owner's pid and host, locked through the
+``filelock`` package (``flock`` on Unix), which the operating system releases when its process dies, so a
+lock left by a killed run is recognized as stale and taken over (with a warning) instead of blocking the
+folder for ever. Before each write a run checks that ``.lock`` is still the file it locked
+(:func:`check_owner`): were it deleted, a second run could claim the folder, so the first stops.
 
 Files: every result file is written atomically (:func:`atomic_write`: a temporary file, then a
 rename), so a killed run never leaves a torn file. Checkpoints: :func:`save_checkpoint` writes the
@@ -18,33 +20,34 @@ that a config may continue one, and :func:`restore` puts it back, so a resumed r
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
+import shutil
 import socket
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import filelock
 import numpy as np
 import pandas as pd
 import torch
 
-from .errors import FeddrKitError
-
-try:
-    import fcntl
-except ImportError:  # Windows: an exclusive-create lock, which a killed run leaves behind
-    fcntl = None
+from .errors import BusyError, FeddrKitError, StorageError
 
 LOCK = ".lock"
 CHECKPOINT = "checkpoint.pt"
-# The files a run writes; their presence means the folder already holds a run's results.
+# The files a run writes.
 RESULT_FILES = ("config.json", "history.csv", "summary.json", CHECKPOINT)
+# The ones whose presence means the folder holds a run's results. A config.json alone is a run that stopped
+# (diverged or was killed) before its first checkpoint: nothing to resume or lose, so a fresh run replaces it.
+HELD_RESULTS = ("history.csv", "summary.json", CHECKPOINT)
 # The checkpoint layout this code writes and reads (the keys of save_checkpoint's dict).
 CHECKPOINT_VERSION = 1
+# The optional key of the data and partition's fingerprint; a checkpoint without it (older) is resumed unchecked.
+DATA_KEY = "data_fingerprint"
 # Keys a checkpoint must hold to be resumed from.
 CHECKPOINT_KEYS = ("next_round", "config", "global_state", "algorithm_state", "history", "round_seconds",
                    "torch_rng", "numpy_rng")
@@ -80,14 +83,15 @@ def temp_files(out_dir: Path) -> list[Path]:
 def claim(out_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[Path]:
     """Own ``out_dir`` for the duration of a run; yields it.
 
-    Creates it if needed; raises :class:`FeddrKitError` when it cannot be written, when another
-    live run holds it, or when a fresh run (``resume=False``) finds another run's result files
-    there and ``overwrite`` is false. With ``overwrite`` (fresh runs only) those files are deleted
-    first. Temporary files of killed runs are deleted. The lock is released on exit.
+    Creates it if needed; raises :class:`FeddrKitError` when it cannot be written, :class:`BusyError` when
+    another live run holds it, or :class:`FeddrKitError` when a fresh run (``resume=False``) finds another run's results there
+    (:data:`HELD_RESULTS`) and ``overwrite`` is false. A fresh run deletes the result files first: with
+    ``overwrite`` all of them, else the ``config.json`` of a run that stopped before its first checkpoint.
+    Temporary files of killed runs are deleted. The lock is released on exit.
     """
     created = _make_folder(out_dir)
     try:
-        fd = _lock(out_dir)
+        lock = _lock(out_dir)
     except FeddrKitError:
         _remove_if_made(out_dir, created)
         raise
@@ -96,7 +100,7 @@ def claim(out_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[Path]:
             tmp.unlink(missing_ok=True)
         if not resume:
             found = [name for name in RESULT_FILES if (out_dir / name).exists()]
-            if found and not overwrite:
+            if any(name in HELD_RESULTS for name in found) and not overwrite:
                 raise FeddrKitError(
                     f"out_dir: {out_dir} already holds a run's results ({', '.join(found)}); pass resume=True "
                     "(--resume) to continue it, overwrite=True (--overwrite) to replace it, or another out_dir")
@@ -104,7 +108,7 @@ def claim(out_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[Path]:
                 (out_dir / name).unlink(missing_ok=True)
         yield out_dir
     finally:
-        _unlock(out_dir, fd)
+        _unlock(out_dir, lock)
         _remove_if_made(out_dir, created)
 
 
@@ -132,78 +136,119 @@ def _holder(fd: int) -> str:
     return os.read(fd, 200).decode(errors="replace").strip()
 
 
-def _lock(out_dir: Path) -> int:
-    """Take ``out_dir/.lock``; returns its open descriptor. Refuses a lock that a live process holds."""
-    path = out_dir / LOCK
-    if fcntl is None:
-        return _lock_exclusive_create(out_dir)
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
-        except OSError as err:
-            raise FeddrKitError(f"out_dir: cannot write in {out_dir} ({err.strerror or err}); "
-                                "pass a folder you can write to") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = _holder(fd)
-            os.close(fd)
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise FeddrKitError(f"out_dir: cannot lock {path} ({err.strerror or err})") from None
-            raise FeddrKitError(f"out_dir: {out_dir} is in use by another run ({holder or 'starting'}); "
-                                "wait for it to end or pass another out_dir") from None
-        try:  # the previous owner may have removed the file between our open and our flock: retry
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    stale = _holder(fd)
-    if stale:
-        warnings.warn(f"taking over the lock of a run that no longer exists ({stale}) in {out_dir}",
-                      stacklevel=4)
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
-    return fd
-
-
-def _lock_exclusive_create(out_dir: Path) -> int:
-    """Without ``flock``: the lock is the file's existence; a stale one must be deleted by hand."""
-    path = out_dir / LOCK
+def _identity(path: Path) -> tuple[int, int] | None:
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    except FileExistsError:
-        raise FeddrKitError(f"out_dir: {out_dir} is in use by another run ({path.read_text(errors='replace').strip()}); "
-                            f"wait for it to end, or delete {path} if that run no longer exists") from None
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+# The lock files this process holds: path -> (device, inode) of the file it locked. A write into a held
+# folder first checks that ``.lock`` is still that file (:func:`check_owner`).
+_HELD: dict[Path, tuple[int, int]] = {}
+# How long a start waits for a lock that is being released (a live owner is refused after it).
+LOCK_WAIT_S = 0.5
+
+
+def _lock(out_dir: Path) -> filelock.BaseFileLock:
+    """Take ``out_dir/.lock``; returns the held lock. Refuses a lock that a live process holds.
+
+    The lock is the ``filelock`` package's (``flock`` on Unix, ``LockFileEx`` on Windows): the operating
+    system releases it when its process dies, so a lock left by a killed run is taken over with a warning
+    naming that run. The file holds the owner's pid and host while held, and is emptied and removed on
+    release, so a non-empty file found unlocked was left by a run that died.
+    """
+    path = out_dir / LOCK
+    previous: list[str] = []
+
+    def stamp(fd: int) -> None:  # called by filelock with the file locked, before anyone else can read it
+        previous.append(_holder(fd))
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+
+    # thread_local=False: the lock belongs to the run, not to a thread; a second claim in the same process
+    # is a second lock object and is refused like another process. A short wait lets a start that met a
+    # lock file being removed by its releasing owner retry on the new one.
+    lock = filelock.FileLock(path, timeout=LOCK_WAIT_S, thread_local=False, on_acquired=stamp)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise BusyError(f"out_dir: {out_dir} is in use by another run ({_read_holder(path) or 'starting'}); "
+                            "wait for it to end or pass another out_dir") from None
     except OSError as err:
         raise FeddrKitError(f"out_dir: cannot write in {out_dir} ({err.strerror or err}); "
                             "pass a folder you can write to") from None
-    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
-    return fd
+    if previous and previous[0]:
+        warnings.warn(f"taking over the lock of a run that no longer exists ({previous[0]}) in {out_dir}",
+                      stacklevel=4)
+    _HELD[path] = _identity(path)
+    return lock
 
 
-def _unlock(out_dir: Path, fd: int) -> None:
-    # Unlink before closing: a run waiting on this inode sees it is gone and retries on a new file.
-    with contextlib.suppress(OSError):
-        (out_dir / LOCK).unlink()
-    os.close(fd)
+def _read_holder(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()[:200]
+    except OSError:
+        return ""
+
+
+def check_owner(out_dir: Path) -> None:
+    """Raise :class:`FeddrKitError` when this process claimed ``out_dir`` but its ``.lock`` is no longer the
+    file it locked (it was deleted, so another run may have claimed the folder since). A no-op for a
+    folder this process did not claim (a Flower ServerApp writes into the folder its parent claimed)."""
+    path = out_dir / LOCK
+    held = _HELD.get(path)
+    if held is not None and _identity(path) != held:
+        raise FeddrKitError(f"out_dir: the lock file {path} was removed while this run held the folder, so another "
+                            "run may be writing there; this run stopped without writing. Never delete .lock "
+                            "of a running run")
+
+
+def _unlock(out_dir: Path, lock: filelock.BaseFileLock) -> None:
+    path = out_dir / LOCK
+    held = _HELD.pop(path, None)
+    # Empty and remove the file before unlocking, and only when it is still ours: a run waiting on this file
+    # sees it is gone and retries on a new one; a file that replaced ours belongs to another run.
+    if held is not None and _identity(path) == held:
+        with contextlib.suppress(OSError):
+            os.truncate(path, 0)
+            path.unlink()
+    lock.release()
 
 
 # --------------------------------------------------------------------------- atomic writes
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """Write a file through ``write(tmp_path)`` then rename it over ``path``: never a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """Write a file through ``write(tmp_path)`` then rename it over ``path``: never a torn file.
+
+    Into a folder this process claimed, only while it still owns it (:func:`check_owner`). A failed
+    write (a full disk, a quota, a lost mount) raises :class:`StorageError` naming the file, with the
+    file at ``path`` left as it was.
+    """
+    check_owner(path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
         os.chmod(tmp, FILE_MODE)  # the mode a plain open() gives, not mkstemp's 0600
         write(tmp)
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch.save reports a short write as a RuntimeError
+        raise StorageError(f"cannot write {path} ({_reason(err, path.parent)}); the files written before are "
+                           "intact: free space (or pass another out_dir) and resume") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _reason(err: BaseException, folder: Path) -> str:
+    """A short reason for a failed write: the OS's words, else the first line of the error, with the free space."""
+    text = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+    with contextlib.suppress(OSError):
+        text += f"; {shutil.disk_usage(folder).free / 2**20:.1f} MiB free there"
+    return text
 
 
 def write_text(path: Path, text: str) -> None:
@@ -229,12 +274,14 @@ def write_json(path: Path, obj: Any) -> None:
 
 # --------------------------------------------------------------------------- checkpoints
 def save_checkpoint(out_dir: Path, next_round: int, global_state: dict[str, torch.Tensor], algo, rows: list[dict],
-                    round_seconds: list[float], cfg) -> None:
+                    round_seconds: list[float], cfg, data_fingerprint: dict | None = None) -> None:
     """Write ``out_dir/checkpoint.pt`` and ``history.csv``.
 
     The checkpoint holds the global state (name -> tensor, saved on the CPU), ``algo.state_dict()``,
-    the history ``rows``, the ``round_seconds`` so far, ``cfg.to_dict()`` and torch's and NumPy's
-    global RNG states; ``next_round`` is the 0-based round a resume starts with.
+    the history ``rows``, the ``round_seconds`` so far, ``cfg.to_dict()``, torch's and NumPy's
+    global RNG states and, when given, ``data_fingerprint`` (:func:`feddr_kit.clients.fingerprint`; an
+    optional key :data:`DATA_KEY`, so checkpoints written before it existed stay readable);
+    ``next_round`` is the 0-based round a resume starts with.
     """
     ckpt = {
         "version": CHECKPOINT_VERSION,
@@ -247,32 +294,54 @@ def save_checkpoint(out_dir: Path, next_round: int, global_state: dict[str, torc
         "torch_rng": torch.get_rng_state(),
         "numpy_rng": np.random.get_state(),
     }
+    if data_fingerprint is not None:
+        ckpt[DATA_KEY] = data_fingerprint
     atomic_write(out_dir / CHECKPOINT, lambda tmp: torch.save(ckpt, tmp))
     write_text(out_dir / "history.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
-def read_checkpoint(out_dir: Path, cfg, default_regularizer: str) -> dict:
+def load_checkpoint(path: Path, who: str, advice: str) -> dict:
+    """``torch.load`` of a checkpoint on the CPU, with every key of :data:`CHECKPOINT_KEYS`; a truncated or
+    foreign file raises a one-line :class:`FeddrKitError` ``"<who>: <path> is unreadable (...); it was left
+    in place, <advice>"``."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
+    except Exception as err:  # truncated, not a torch file, not a dict: all mean the same to the user
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        raise FeddrKitError(f"{who}: {path} is unreadable ({type(err).__name__}: {reason}); it was left in place, "
+                            f"{advice}") from None
+    if missing:
+        raise FeddrKitError(f"{who}: {path} is unreadable (not a feddr_kit checkpoint: no {', '.join(missing)}); "
+                            f"it was left in place, {advice}")
+    return ckpt
+
+
+def read_json(path: Path, who: str) -> Any:
+    """The JSON in ``path``; a one-line :class:`FeddrKitError` ``"<who>: cannot read <path> (...)"`` when it
+    cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # ValueError: bad JSON, and bytes that are not UTF-8
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        raise FeddrKitError(f"{who}: cannot read {path} ({type(err).__name__}: {reason})") from None
+
+
+def read_checkpoint(out_dir: Path, cfg, default_regularizer: str, default_lr: float | None = None) -> dict:
     """Read ``out_dir/checkpoint.pt`` for a resume of ``cfg`` and check that ``cfg`` may continue it.
 
     Raises :class:`FeddrKitError` (one line, the file left in place) when it is missing, unreadable
     or of another :data:`CHECKPOINT_VERSION`, when a field outside :data:`RESUMABLE_CHANGES` differs,
     or when ``cfg.rounds`` is below the rounds already done. A changed ``rounds`` or ``lr`` is
     announced with a warning. ``default_regularizer``: the regularizer ``cfg.algorithm`` uses when none
-    is named, which is what a checkpoint that recorded ``regularizer=None`` (older versions) used.
+    is named, which is what a checkpoint that recorded ``regularizer=None`` (older versions) used;
+    ``default_lr``: the initial lr ``cfg``'s algorithm uses for its model when ``lr`` is None, so that the
+    warning names the lr each run used.
     """
     path = out_dir / CHECKPOINT
     if not path.exists():
         raise FeddrKitError(f"resume=True but there is no checkpoint at {path}; run without resume first")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
-    except Exception as err:  # truncated, not a torch file, not a dict: all mean the same to the user
-        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
-        raise FeddrKitError(f"resume: {path} is unreadable ({type(err).__name__}: {reason}); it was left in place, "
-                            "move it away to start afresh with overwrite") from None
-    if missing:
-        raise FeddrKitError(f"resume: {path} is unreadable (not a feddr_kit checkpoint: no {', '.join(missing)}); "
-                            "it was left in place, move it away to start afresh with overwrite")
+    ckpt = load_checkpoint(path, "resume", "move it away to start afresh with overwrite")
     if ckpt.get("version") != CHECKPOINT_VERSION:
         raise FeddrKitError(f"resume: {path} is a checkpoint of version {ckpt.get('version')!r}, but this feddr_kit "
                             f"reads version {CHECKPOINT_VERSION}; resume it with the feddr_kit that wrote it")
@@ -289,9 +358,9 @@ def read_checkpoint(out_dir: Path, cfg, default_regularizer: str) -> dict:
     if saved["rounds"] != cfg.rounds:
         warnings.warn(f"resuming with rounds={cfg.rounds} instead of {saved['rounds']}: the lr schedule is recomputed",
                       stacklevel=5)
-    if saved.get("lr") != cfg.lr:
-        warnings.warn(f"resuming with lr={cfg.lr} instead of {saved.get('lr')} from round {done + 1} on",
-                      stacklevel=5)
+    old_lr, new_lr = (default_lr if v is None else v for v in (saved.get("lr"), cfg.lr))
+    if old_lr != new_lr:
+        warnings.warn(f"resuming with lr={new_lr} instead of {old_lr} from round {done + 1} on", stacklevel=5)
     return ckpt
 
 

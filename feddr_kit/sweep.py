@@ -36,6 +36,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -43,9 +44,10 @@ import numpy as np
 import pandas as pd
 
 from . import progress as progress_mod
+from . import rundir
 from .config import Config, read_mapping
 from .data import ImageData
-from .errors import FeddrKitError
+from .errors import BusyError, FeddrKitError
 from .clients import load_data
 from .federated import run as run_one
 from .rundir import CHECKPOINT, write_json, write_text
@@ -58,7 +60,7 @@ SUMMARY, CONFIG, HISTORY, ERROR, POINT, SWEEP, RESULTS, TABLE, RUNS = (
 # never a mismatch.
 BOOKKEEPING = frozenset({"out_dir", "progress", "tensorboard", "overwrite", "device", "checkpoint_every"})
 MAX_NAME = 120
-DONE, PARTIAL, FAILED = "done", "partial", "failed"
+DONE, PARTIAL, FAILED, UNREADABLE = "done", "partial", "failed", "unreadable"
 
 # The results chapters' scale (05-08): the teaching setting (real CIFAR-10, 100 clients, cnn) with a
 # twentieth of its local work, so a 100-run grid fits about an hour of 2 CPU cores. 20 rounds of 5
@@ -182,8 +184,16 @@ def run_dir_name(cfg: Config, base: Mapping[str, Any] | Config, grid: Iterable[s
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise FeddrKitError(f"cannot read {path}: {err}") from None
+    except (OSError, ValueError) as err:  # ValueError: bad JSON, and bytes that are not UTF-8
+        raise FeddrKitError(f"cannot read {path}: {(str(err).splitlines() or [type(err).__name__])[0][:160]}") from None
+
+
+def _readable_json(path: Path) -> Any:
+    """``path``'s JSON, or None when it cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _status(folder: Path) -> str | None:
@@ -204,11 +214,13 @@ def _mismatch(folder: Path, cfg: Config) -> str | None:
     (what the run saved; there a ``None`` in ``cfg`` — "the algorithm's default" — matches anything).
     """
     want = cfg.to_dict()
+    saved, lenient = None, False
     if (folder / POINT).exists():
-        saved, lenient = _read_json(folder / POINT).get("config", {}), False
-    elif (folder / CONFIG).exists():
-        saved, lenient = _read_json(folder / CONFIG), True
-    else:
+        saved = _readable_json(folder / POINT)
+        saved = saved.get("config") if isinstance(saved, dict) else None
+    if not isinstance(saved, dict) and (folder / CONFIG).exists():
+        saved, lenient = _readable_json(folder / CONFIG), True
+    if not isinstance(saved, dict):  # nothing readable says what the folder holds: the sweep's run rewrites it
         return None
     defaults = _field_defaults()
     for k, v in want.items():
@@ -233,7 +245,10 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
     ``(dataset, data_path)``, or ``data`` is used for every run. ``progress``: one bar over the runs
     and a line per run (the runs' own bars are off). ``callback`` goes to every ``fk.run``.
     Writes ``root/sweep.json``. Returns :func:`collect` of this sweep's folders, in sweep order.
-    Safe to kill and call again; not safe to run twice at once on one root.
+    Safe to kill and call again. Each folder is prepared and run under its lock
+    (:func:`feddr_kit.rundir.claim`), so two sweeps at once on one root (or a sweep meeting a folder that a
+    run holds) never touch each other's folders: a held folder is skipped with a line saying so and is
+    ``partial`` in the frame until its owner finishes it.
     """
     configs = expand(base, grid, seeds)
     base_d = base.to_dict() if isinstance(base, Config) else dict(base)
@@ -266,23 +281,11 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
         progress_mod.write(f"{len(plan) - len(todo)} of {len(plan)} runs already in {root} (done or failed): skipped")
     cache: dict[tuple, ImageData] = {}
     for cfg, name, folder, status in todo:
-        resume = (folder / CHECKPOINT).exists() and not (folder / SUMMARY).exists()
-        (folder / ERROR).unlink(missing_ok=True)
-        if not resume:  # a run killed before its first checkpoint leaves these; start clean
-            for leftover in (CONFIG, HISTORY):
-                (folder / leftover).unlink(missing_ok=True)
-        write_json(folder / POINT, {"name": name, "config": cfg.to_dict()})
-        key = (cfg.dataset, cfg.data_path)
         try:
-            if data is None and key not in cache:
-                cache[key] = load_data(cfg)
-            result = run_one(cfg.replace(out_dir=str(folder), progress=False), resume=resume,
-                             data=data if data is not None else cache[key], callback=callback)
-        except (FeddrKitError, FloatingPointError) as err:
-            write_text(folder / ERROR, f"{type(err).__name__}: {err}\n")
-            line = f"{name}: failed ({type(err).__name__}: {err})"
-        else:
-            line = f"{name}: {'resumed, ' if resume else ''}final accuracy {result.summary['final_acc']:.2%}"
+            with rundir.claim(folder, resume=True, overwrite=False):  # nothing in the folder is touched before
+                line = _run_point(cfg, name, folder, retry_failed, data, cache, callback)
+        except BusyError as err:  # another sweep or run holds it: left to that one, untouched
+            line = f"{name}: skipped, {err}"
         if progress:
             progress_mod.write(line)
         bar.update(1)
@@ -322,11 +325,40 @@ def interval_summary(root: str | Path, value: str = "final_acc", confidence: flo
     return table
 
 
+def _run_point(cfg: Config, name: str, folder: Path, retry_failed: bool, data: ImageData | None,
+               cache: dict[tuple, ImageData], callback) -> str:
+    """Run (or resume) one grid point in ``folder``, which the caller holds; returns the line to show.
+
+    The folder's state is read again under the lock: another sweep may have finished it meanwhile.
+    """
+    status = _status(folder)
+    if status == DONE or (status == FAILED and not retry_failed):
+        return f"{name}: {status} meanwhile (by another sweep): skipped"
+    resume = (folder / CHECKPOINT).exists()
+    (folder / ERROR).unlink(missing_ok=True)
+    if not resume:  # a run killed before its first checkpoint leaves these; start clean
+        for leftover in (CONFIG, HISTORY):
+            (folder / leftover).unlink(missing_ok=True)
+    write_json(folder / POINT, {"name": name, "config": cfg.to_dict()})
+    key = (cfg.dataset, cfg.data_path)
+    try:
+        if data is None and key not in cache:
+            cache[key] = load_data(cfg)
+        result = run_one(cfg.replace(out_dir=str(folder), progress=False), resume=resume, claim=False,
+                         data=data if data is not None else cache[key], callback=callback)
+    except (FeddrKitError, FloatingPointError) as err:
+        write_text(folder / ERROR, f"{type(err).__name__}: {err}\n")
+        return f"{name}: failed ({type(err).__name__}: {err})"
+    return f"{name}: {'resumed, ' if resume else ''}final accuracy {result.summary['final_acc']:.2%}"
+
+
 def _in_grid_order(df: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:
-    """The rows of ``df`` whose ``name`` is one of ``names`` (this grid's runs), in that order."""
-    if df.empty:
-        return df
+    """The rows of ``df`` whose ``name`` is one of ``names`` (this grid's runs), in that order; a name with no
+    row (its folder held by another run before anything was written there) gets a ``partial`` row."""
     order = {n: i for i, n in enumerate(names)}
+    absent = [n for n in names if df.empty or n not in set(df["name"])]
+    if absent:
+        df = pd.concat([df, pd.DataFrame({"name": absent, "status": PARTIAL})], ignore_index=True)
     df = df[df["name"].isin(order)]
     return df.sort_values("name", key=lambda s: s.map(order)).reset_index(drop=True)
 
@@ -348,51 +380,106 @@ def collect(root: str | Path) -> pd.DataFrame:
     summary's fields (final_acc, best_acc, last5_acc, sec_per_round, total_seconds, …; NaN until
     done). A summary key that is also a config field is dropped when equal and kept as
     ``summary_<key>`` when not (e.g. the lr a ``lr=None`` run actually used). ``error`` holds a failed
-    run's message. Returns a DataFrame (empty when ``root`` holds no runs).
+    run's message. A folder whose point.json, config.json or summary.json cannot be read gets status
+    ``unreadable`` with the file and the reason in ``error`` (and a warning names it), so the other runs
+    still make a table. Returns a DataFrame (empty when ``root`` holds no runs).
     """
     root = Path(root)
     if not root.is_dir():
         raise FeddrKitError(f"root must be an existing folder, got {root}")
-    rows = []
+    rows, unreadable = [], []
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):
         status = _status(folder)
         if status is None:
             continue
-        row: dict[str, Any] = {"name": folder.name, "status": status}
-        if (folder / POINT).exists():
-            cfg = _read_json(folder / POINT).get("config", {})
-        elif (folder / CONFIG).exists():
-            cfg = _read_json(folder / CONFIG)
-        else:
-            cfg = {}
-        row.update({k: _hashable(v) for k, v in cfg.items() if k not in ("out_dir", "progress")})
-        if status == DONE:
-            for k, v in _read_json(folder / SUMMARY).items():
-                if k in cfg:
-                    if _plain(v) != _plain(cfg[k]):
-                        row[f"summary_{k}"] = _hashable(v)
-                else:
-                    row[k] = _hashable(v)
-        if status == FAILED:
-            row["error"] = (folder / ERROR).read_text().strip()
-        rows.append(row)
+        try:
+            rows.append(_collect_one(folder, status))
+        except FeddrKitError as err:  # one broken file costs its own row, not the table
+            unreadable.append(f"{folder.name} ({err})")
+            rows.append({"name": folder.name, "status": UNREADABLE, "error": str(err)})
+    if unreadable:
+        warnings.warn(f"left out {len(unreadable)} run folder(s) whose files cannot be read: {'; '.join(unreadable)}",
+                      stacklevel=2)
     return pd.DataFrame(rows)
+
+
+def _collect_one(folder: Path, status: str) -> dict[str, Any]:
+    """:func:`collect`'s row of one folder; :class:`FeddrKitError` naming the file when one cannot be read."""
+    row: dict[str, Any] = {"name": folder.name, "status": status}
+    if (folder / POINT).exists():
+        cfg = _json_object(folder / POINT).get("config", {})
+    elif (folder / CONFIG).exists():
+        cfg = _json_object(folder / CONFIG)
+    else:
+        cfg = {}
+    row.update({k: _hashable(v) for k, v in cfg.items() if k not in ("out_dir", "progress")})
+    if status == DONE:
+        for k, v in _json_object(folder / SUMMARY).items():
+            if k in cfg:
+                if _plain(v) != _plain(cfg[k]):
+                    row[f"summary_{k}"] = _hashable(v)
+            else:
+                row[k] = _hashable(v)
+    if status == FAILED:
+        row["error"] = (folder / ERROR).read_text(errors="replace").strip()
+    return row
+
+
+def _json_object(path: Path) -> dict:
+    """``path``'s JSON object; :class:`FeddrKitError` naming the file when it is unreadable or not an object."""
+    obj = _read_json(path)
+    if not isinstance(obj, dict):
+        raise FeddrKitError(f"cannot read {path}: not a JSON object")
+    return obj
 
 
 def histories(root: str | Path) -> pd.DataFrame:
     """Every finished run's ``history.csv`` under ``root``, stacked: one row per run and evaluated
-    round, with the run's folder in ``name`` (join with :func:`collect` on it). Returns a DataFrame
-    (empty when no run has finished)."""
+    round, with the run's folder in ``name`` (join with :func:`collect` on it). A history that cannot be
+    read (not text, not CSV) or does not reach its run's summary (cut short: its last round or final
+    accuracy differs from ``summary.json``'s) is left out with a warning naming the file; resuming that
+    run (``fk.run(cfg, resume=True)``) writes its whole history again. Returns a DataFrame (empty when no
+    run has finished)."""
     root = Path(root)
     if not root.is_dir():
         raise FeddrKitError(f"root must be an existing folder, got {root}")
-    frames = [pd.read_csv(folder / HISTORY).assign(name=folder.name)
-              for folder in sorted(p for p in root.iterdir() if p.is_dir())
-              if _status(folder) == DONE and (folder / HISTORY).exists()]
+    frames, broken = [], []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        if _status(folder) != DONE or not (folder / HISTORY).exists():
+            continue
+        try:
+            frames.append(_whole_history(folder).assign(name=folder.name))
+        except FeddrKitError as err:
+            broken.append(str(err))
+    if broken:
+        warnings.warn(f"left out {len(broken)} history file(s): {'; '.join(broken)}", stacklevel=2)
     if not frames:
         return pd.DataFrame()
     df = pd.concat(frames, ignore_index=True)
     return df[["name"] + [c for c in df.columns if c != "name"]]
+
+
+def _whole_history(folder: Path) -> pd.DataFrame:
+    """``folder``'s history.csv, checked against its summary.json; :class:`FeddrKitError` naming the file when
+    it cannot be read or is cut short."""
+    path = folder / HISTORY
+    try:
+        df = pd.read_csv(path, encoding="utf-8")
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and pandas' parser errors are ValueErrors
+        raise FeddrKitError(f"cannot read {path}: {(str(err).splitlines() or [type(err).__name__])[0][:120]}") from None
+    summary = _json_object(folder / SUMMARY)
+    with open(path, "rb") as f:  # the kit writes whole lines: a last line without its newline was cut
+        f.seek(max(0, os.path.getsize(path) - 1))
+        if f.read(1) != b"\n":
+            raise FeddrKitError(f"{path} is cut short: its last line is incomplete")
+    if df.empty or "round" not in df or "test_acc" not in df:
+        raise FeddrKitError(f"{path} holds no rounds (columns round and test_acc)")
+    last, acc = df["round"].iloc[-1], df["test_acc"].iloc[-1]
+    final = summary.get("final_acc")
+    if last != summary.get("rounds") or not isinstance(final, (int, float)) or not math.isclose(acc, final, rel_tol=1e-9):
+        raise FeddrKitError(f"{path} is cut short: it ends at round {last} with test_acc {acc}, but summary.json "
+                            f"says round {summary.get('rounds')} with {summary.get('final_acc')}")
+    return df
 
 
 def _as_list(x: str | Sequence[str] | None) -> list[str]:
@@ -656,24 +743,32 @@ def collect_notebooks(root: str | Path) -> pd.DataFrame:
     """One row per notebook-grid folder under ``root`` (those holding point.json).
 
     Columns: ``name``, ``status`` (``done`` when results.json exists, ``failed`` with error.txt,
-    else ``partial``), the point's parameters (including ``seed``), then results.json flattened
-    (nested keys joined by ``.``; its ``units`` left out), and ``error`` for failed points. Returns a DataFrame.
+    ``unreadable`` when point.json or results.json cannot be read (a warning names it), else ``partial``), the
+    point's parameters (including ``seed``), then results.json flattened (nested keys joined by ``.``; its
+    ``units`` left out), and ``error`` for failed points. Returns a DataFrame.
     """
     root = Path(root)
     if not root.is_dir():
         raise FeddrKitError(f"root must be an existing folder, got {root}")
-    rows = []
+    rows, unreadable = [], []
     for folder in sorted(p for p in root.iterdir() if (p / POINT).exists()):
         status = DONE if (folder / RESULTS).exists() else FAILED if (folder / ERROR).exists() else PARTIAL
         row: dict[str, Any] = {"name": folder.name, "status": status}
-        row.update({k: _hashable(v) for k, v in _read_json(folder / POINT).get("parameters", {}).items()})
-        if status == DONE:
-            body = {k: v for k, v in _read_json(folder / RESULTS).items() if k != "units"}  # text, not results
-            flat = pd.json_normalize(body, sep=".")
-            row.update({k: _hashable(v) for k, v in flat.iloc[0].to_dict().items()} if len(flat) else {})
-        if status == FAILED:
-            row["error"] = (folder / ERROR).read_text().strip()
+        try:
+            row.update({k: _hashable(v) for k, v in _json_object(folder / POINT).get("parameters", {}).items()})
+            if status == DONE:
+                body = {k: v for k, v in _json_object(folder / RESULTS).items() if k != "units"}  # text, not results
+                flat = pd.json_normalize(body, sep=".")
+                row.update({k: _hashable(v) for k, v in flat.iloc[0].to_dict().items()} if len(flat) else {})
+        except FeddrKitError as err:  # one broken file costs its own row, not the table
+            unreadable.append(f"{folder.name} ({err})")
+            row = {"name": folder.name, "status": UNREADABLE, "error": str(err)}
+        if status == FAILED and row["status"] == FAILED:
+            row["error"] = (folder / ERROR).read_text(errors="replace").strip()
         rows.append(row)
+    if unreadable:
+        warnings.warn(f"left out {len(unreadable)} notebook run folder(s) whose files cannot be read: "
+                      f"{'; '.join(unreadable)}", stacklevel=2)
     return pd.DataFrame(rows)
 
 
@@ -681,7 +776,7 @@ def collect_notebooks(root: str | Path) -> pd.DataFrame:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``sweep`` subcommand to ``python -m feddr_kit``'s subparsers; returns its parser."""
     p = subparsers.add_parser(
-        "sweep", help="run a grid of configs x seeds, resumably, and print the table",
+        "sweep", allow_abbrev=False, help="run a grid of configs x seeds, resumably, and print the table",
         description="Run every grid point x seed into ROOT/<name>/ (finished runs are skipped, interrupted "
                     "ones resumed), print mean ± std over seeds, and write ROOT/runs.csv and ROOT/table.csv. GRID is "
                     'a JSON or YAML file {"base": {<Config fields>}, "grid": {"<field>": [values, ...]}, "seeds": [0, 1, 2]}. '
@@ -705,8 +800,9 @@ def load_grid_file(path: str | Path) -> tuple[dict, dict, list]:
 
 
 def main(args: Mapping[str, Any]) -> int:
-    """The ``sweep`` subcommand (``args``: the parsed flags as a dict). Prints the table; returns the
-    exit code: 0 when every run finished, 1 when some failed, 2 on bad input."""
+    """The ``sweep`` subcommand (``args``: the parsed flags as a dict). Prints the table of the finished runs
+    and names the others; returns the exit code: 0 when every run finished, 1 when some failed, cannot be
+    read or are held by another run, 2 on bad input."""
     try:
         base, grid, seeds = load_grid_file(args["grid"])
         # the --config file under the grid file's base, under the Config flags typed
@@ -723,9 +819,13 @@ def main(args: Mapping[str, Any]) -> int:
         with pd.option_context("display.width", 200, "display.max_columns", 50):
             print(f"\n{args.get('value', 'final_acc')}: mean ± std over seeds (n = seeds per cell)")
             print(table(done, rows=rows, cols=cols, value=args.get("value", "final_acc")))
-    failed = df[df["status"] == FAILED] if not df.empty else df
-    for _, r in failed.iterrows():
+    status = df["status"] if not df.empty else pd.Series([], dtype=object)
+    for _, r in df[status == FAILED].iterrows():
         print(f"failed: {r['name']}: {r['error']}")
+    for _, r in df[status == UNREADABLE].iterrows():
+        print(f"unreadable: {r['name']}: {r['error']}")
+    for _, r in df[status == PARTIAL].iterrows():
+        print(f"not finished: {r['name']}: held by another run; run the sweep again once it ends")
     print(f"{len(done)} of {len(df)} runs done; results in {args['root']}/ ({RUNS}: one row per run; {TABLE}: mean and "
           f"95 % t interval over seeds; python -m feddr_kit show {args['root']})")
-    return 1 if len(failed) else 0
+    return 0 if len(done) == len(df) else 1

@@ -40,7 +40,7 @@ BASE = dict(
     lr_decay_at=(0.5, 0.75), lr_gamma=0.1, momentum=0.9, weight_decay=1e-5, eval_every=1, probes=False,
     probe_samples=100, seed=3, device="cpu", engine="serial", deterministic=True, precision="fp32", progress=False,
     checkpoint_every=0, mu=1e-3, tau=1.0, fedexp_eps=1e-3, fedexp_step="fedexp", scaffold_zero_head_grad=False,
-    fedrep_head_epochs=1, ditto_lambda=0.75, perfedavg_beta=None, spherefed_calibration=False,
+    fedrep_head_epochs=1, ditto_lambda=0.75, perfedavg_beta=None, perfedavg_steps="kit", spherefed_calibration=False,
 )
 GLOBAL = ["fedavg", "fedbabu", "scaffold", "fedntd", "fedexp", "spherefed", "fedetf", "dr", "feddr+"]
 PERSONALIZED = ["fedper", "fedrep", "perfedavg", "ditto"]

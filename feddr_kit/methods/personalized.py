@@ -204,6 +204,9 @@ class PerFedAvg(PersonalizedAlgorithm):
     Local steps go in pairs of batches (D, D′): ``w̃ = w − α·∇L(w; D)`` then, from ``w`` again,
     ``w ← w − β·∇L(w̃; D′)``, with one SGD optimizer (its momentum shared by both steps). ``α`` is the
     round's lr, ``β`` is ``Config.perfedavg_beta`` (None: the run's initial lr). The server averages ``w``.
+    The number of pairs per visit follows the kit's local rule, or the reference code's with
+    ``Config.perfedavg_steps="reference"`` (:meth:`num_local_steps`); the reference applies no weight decay
+    (``Config.weight_decay=0``).
 
     Personalized model of client k: from the global ``w``, one plain SGD step (cross-entropy, no
     momentum, no weight decay) at the round's lr on one batch of k's own training data (not its test
@@ -213,7 +216,13 @@ class PerFedAvg(PersonalizedAlgorithm):
     name = "perfedavg"
 
     def num_local_steps(self, steps: int) -> int:
-        return steps + steps % 2  # whole (D, D′) pairs
+        """Whole (D, D′) pairs: the kit's ``steps`` batches (rounded up to even) or, with
+        ``Config.perfedavg_steps="reference"``, the reference code's ``E·(⌊nb/E⌋+1)`` pairs, ``nb = steps/E``
+        the batches of one epoch (30 batches instead of 50 at n=500, B=50, E=5)."""
+        if self.cfg.perfedavg_steps == "reference":
+            epochs = self.cfg.local_epochs
+            return 2 * epochs * (steps // epochs // epochs + 1)
+        return steps + steps % 2
 
     @property
     def beta(self) -> float:
