@@ -2,7 +2,7 @@
 
 The defaults are the teaching scale, the paper's protocol shrunk to two CPU cores and chosen by
 measurement (``docs/teaching_scale.md``): real CIFAR-10, 100 clients with 5 shards each, 10 clients
-per round for one local epoch, 120 rounds, and ``cnn_bn``, a small BatchNorm CNN whose features sit
+per round for one local epoch, 120 rounds (evaluated every 20), and ``cnn_bn``, a small BatchNorm CNN whose features sit
 at the paper's MobileNet's scale, so that FedDr+'s distillation term pulls as hard relative to DR as
 it does in the paper. A default FedDr+ run takes about 4 minutes on 2 cores. Paper-scale values (the
 paper's and its reference code's) are given in each field's help. Validation names the bad field and
@@ -83,7 +83,7 @@ class Config:
     momentum: float = field(default=0.9, metadata={"help": "SGD momentum (reset for every client every round)"})
     weight_decay: float = field(default=1e-5, metadata={"help": "SGD weight decay"})
     # evaluation, probes, output
-    eval_every: int = field(default=10, metadata={"help": "evaluate the global model every this many rounds (and at the last)"})
+    eval_every: int = field(default=20, metadata={"help": "evaluate the global model every this many rounds (and at the last)"})
     probes: bool = field(default=False, metadata={"help": "record the paper's observed/unobserved probes at every evaluated round"})
     probe_samples: int = field(default=500, metadata={"help": "class-balanced test images used by the probes"})
     seed: int = field(default=0, metadata={"help": "seed of model init, client sampling and local batches"})
