@@ -21,6 +21,7 @@ import feddr_kit as fk
 from feddr_kit import rundir
 from feddr_kit.__main__ import build_parser, main
 from feddr_kit.errors import DivergedError, FeddrKitError, StorageError
+from test_reliability import error_lines, snapshot  # the CLI drill's helpers, shared
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(dataset="synthetic", model="cnn", shards_per_client=2, num_clients=10, clients_per_round=2, rounds=2,
@@ -39,15 +40,6 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     code = main([*FLAGS, *args])
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def error_lines(stderr: str) -> list[str]:
-    assert "Traceback" not in stderr, stderr
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
