@@ -306,25 +306,36 @@ def same_model_study(result, losses: dict[str, str], lrs=(None,), draws: int = 1
         for k in range(draws):
             df = local_round_probes(result.model, result.data, result.partition, losses, round=cfg.rounds + k,
                                     clients_per_round=cfg.clients_per_round, local_epochs=local_epochs, lr=shared,
-                                    probe_samples=probe_samples, seed=cfg.seed)
+                                    probe_samples=probe_samples, seed=cfg.seed, model=cfg.model)
             frames.append(df.assign(seed=cfg.seed, draw=k, lr=math.nan if lr is None else float(lr)))
     return pd.concat(frames, ignore_index=True)
 
 
-def beta_sweep(result, betas, local_epochs: int = 2, lr: float | None = None, probe_samples: int = 500) -> pd.DataFrame:
+def beta_sweep(result, betas, local_epochs: int = 2, lr: float | None = None, probe_samples: int = 500,
+               control: bool = False) -> pd.DataFrame:
     """Chapter 04's β sweep at one seed: from the final global model of ``result``, the round's clients
     train one local round with FedDr+'s loss at each β in ``betas`` (identical batches), probed.
 
-    ``lr``: FedDr+'s lr (None: its default). Returns :func:`local_round_probes`'s rows with ``seed``
-    and ``beta`` added.
+    ``lr``: FedDr+'s lr (None: its default for the run's model). ``control``: also train, at every
+    β > 0, the β-scaled DR control (:func:`feddr_kit.beta_scaled_dr`: plain DR at ``lr · β``, on the
+    same batches), so that what FD adds is read against what the smaller DR step alone does. Returns
+    :func:`local_round_probes`'s rows with ``seed``, ``beta`` and ``arm`` (``"FedDr+"`` or ``"DR lr×β"``)
+    added; the run labels are ``beta=<β>`` and ``DR lr×<β>``.
     """
+    from .methods.base import initial_lr
+
     cfg = result.config
-    lr_map = None if lr is None else {"feddr+": float(lr)}
-    return pd.concat([local_round_probes(result.model, result.data, result.partition, {f"beta={b:g}": "feddr+"},
-                                         beta=float(b), round=cfg.rounds, clients_per_round=cfg.clients_per_round,
-                                         local_epochs=local_epochs, lr=lr_map,
-                                         probe_samples=probe_samples, seed=cfg.seed).assign(seed=cfg.seed, beta=float(b))
-                      for b in betas], ignore_index=True)
+    lr0 = float(lr) if lr is not None else initial_lr(cfg.replace(algorithm="feddr+", regularizer=None, lr=None))
+    common = dict(round=cfg.rounds, clients_per_round=cfg.clients_per_round, local_epochs=local_epochs,
+                  probe_samples=probe_samples, seed=cfg.seed, model=cfg.model)
+    frames = []
+    for b in betas:
+        frames.append(local_round_probes(result.model, result.data, result.partition, {f"beta={b:g}": "feddr+"},
+                                         beta=float(b), lr={"feddr+": lr0}, **common).assign(arm="FedDr+", beta=float(b)))
+        if control and b > 0:
+            frames.append(local_round_probes(result.model, result.data, result.partition, {f"DR lr×{b:g}": "dr"},
+                                             lr={"dr": lr0 * float(b)}, **common).assign(arm="DR lr×β", beta=float(b)))
+    return pd.concat(frames, ignore_index=True).assign(seed=cfg.seed)
 
 
 def per_seed(histories: pd.DataFrame, skip_rounds: int = 0) -> pd.DataFrame:
@@ -389,7 +400,8 @@ def claim(text: str, smaller: float, larger: float) -> dict:
 
 def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"), round: int = 0,
                        clients=None, clients_per_round: int = 10, local_epochs: int = 2, lr: dict | None = None,
-                       beta: float = 0.9, probe_samples: int = 500, seed: int = 0) -> pd.DataFrame:
+                       beta: float = 0.9, probe_samples: int = 500, seed: int = 0, model: str | None = None
+                       ) -> pd.DataFrame:
     """One round of local training from ONE shared global model, with several local losses, probed.
 
     This is the controlled version of chapter 03/04's comparison: every loss starts each client
@@ -400,8 +412,8 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     ``algorithms``: algorithm names, or a dict ``label -> name``. Each contributes only its *local
     step*: its loss (``fedavg``/``fedbabu``: cross-entropy on ``head(h)``; ``dr``: dot-regression;
     ``feddr+``: ``β·DR + (1-β)·FD`` with the global model as teacher) and whether the head trains
-    (only for ``fedavg``). ``lr`` maps a name to a learning rate (default: the algorithm's own).
-    The clients are ``clients`` or the ``clients_per_round`` ones the kit's sampler draws for
+    (only for ``fedavg``). ``lr`` maps a name to a learning rate (default: the algorithm's own for
+    ``model``, the name of ``global_model``'s architecture; None: ``Config``'s default model). The clients are ``clients`` or the ``clients_per_round`` ones the kit's sampler draws for
     ``(seed, round)``. Returns one row per (loss, client): ``run``, ``algorithm``, ``client`` and the
     :data:`feddr_kit.probes.PROBE_COLUMNS` (local model vs the shared global model).
     """
@@ -414,13 +426,13 @@ def local_round_probes(global_model, data, partition, algorithms=("fedavg", "dr"
     rows = [{"run": label, "algorithm": name, "client": k, **probes_mod.compare(local, glob, py, observed)}
             for label, name, k, local, glob, py, observed in _local_updates(
                 global_model, data, partition, runs, clients=[int(c) for c in clients], round=round,
-                local_epochs=local_epochs, lr=lr, beta=beta, probe_samples=probe_samples, seed=seed)]
+                local_epochs=local_epochs, lr=lr, beta=beta, probe_samples=probe_samples, seed=seed, model_name=model)]
     return pd.DataFrame(rows)
 
 
 def _local_updates(global_model: torch.nn.Module, data, partition, runs: dict[str, str], *, clients: list[int],
                    round: int, local_epochs: int, lr: dict[str, float] | None, beta: float, probe_samples: int,
-                   seed: int):
+                   seed: int, model_name: str | None = None):
     """:func:`local_round_probes`'s training: every loss of ``runs`` (label -> algorithm name) trains each of
     ``clients`` for one round (their stream ``(seed, round, client)``) from ``global_model``'s weights.
 
@@ -444,7 +456,7 @@ def _local_updates(global_model: torch.nn.Module, data, partition, runs: dict[st
     teacher = copy.deepcopy(global_model).eval().requires_grad_(False)
     for label, name in runs.items():
         cfg = Config(algorithm=name, local_epochs=local_epochs, seed=seed, beta=beta, progress=False,
-                     lr=(lr or {}).get(name), partition=partition.kind,
+                     lr=(lr or {}).get(name), partition=partition.kind, **({"model": model_name} if model_name else {}),
                      reference_partition=partition.params["file"] if partition.kind == "reference" else None)
         algo = get_algorithm(cfg)
         model = copy.deepcopy(global_model)

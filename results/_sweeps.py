@@ -1,13 +1,23 @@
 """What the results scripts share: their command line, a run of one sweep per setting, and the CSVs.
 
 Each ``results/<chapter>.py`` declares its settings (named partial configs) and its grid, then calls
-:func:`main`. Runs go to ``runs/<chapter>/<setting>/<run>/`` (resumable: kill and start again), and
-the collected rows to ``results/<chapter>.csv`` (one row per run) and ``results/<chapter>_history.csv``
-(one row per run and evaluated round).
+:func:`main`. Runs go to ``results/runs/<chapter>/<setting>/<run>/`` (resumable: kill and start again;
+two processes on one chapter share the work through the runs' locks), and once every planned run has
+finished, the collected rows to ``results/<chapter>.csv`` (one row per run) and
+``results/<chapter>_history.csv`` (one row per run and evaluated round).
+
+The run folders are in git without their checkpoints (``.gitignore``), so a sweep spread over several
+machines or sessions goes on where it stopped: commit the finished runs with
+
+    git add $(find results/runs -name summary.json -printf '%h\n')
+
+``results/runs/<chapter>/plan.json`` lists every run the chapter's sweep will hold, so a chapter can
+say how far its sweep is (:func:`progress`) before the CSVs exist.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -20,6 +30,7 @@ import torch
 import feddr_kit as fk
 
 RESULTS = Path(__file__).resolve().parent
+RUNS = RESULTS / "runs"
 SUMMARY_COLUMNS = ["final_acc", "best_acc", "last5_acc", "final_local_acc", "sec_per_round", "total_seconds"]
 
 
@@ -28,27 +39,58 @@ def slug(setting: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]", "_", setting.replace("α", "alpha").replace("β", "beta"))
 
 
+def plan(settings: Mapping[str, Mapping[str, Any]], grid: Mapping[str, Sequence], seeds: Sequence[int],
+         base: Mapping[str, Any]) -> list[str]:
+    """Every run folder of the sweep, ``<setting>/<run>`` relative to the chapter's root, seed-major."""
+    out = []
+    for seed in seeds:
+        for name in settings:
+            g = grid[name] if set(grid) == set(settings) else grid
+            b = {**base, **settings[name]}
+            out += [f"{slug(name)}/{fk.sweep.run_dir_name(c, b, g)}" for c in fk.sweep.expand(b, g, [seed])]
+    return out
+
+
+def progress(chapter: str, root: Path | None = None) -> tuple[int, int]:
+    """``(finished, planned)`` runs of a chapter's sweep, from its ``plan.json``; ``(0, 0)`` before it started."""
+    root = Path(root) if root is not None else RUNS / chapter
+    if not (root / "plan.json").exists():
+        return 0, 0
+    names = json.loads((root / "plan.json").read_text())["runs"]
+    return sum((root / n / "summary.json").exists() for n in names), len(names)
+
+
 def main(chapter: str, settings: Mapping[str, Mapping[str, Any]], grid: Mapping[str, Sequence],
-         seeds: Sequence[int], base: Mapping[str, Any] = fk.sweep.SWEEP_SCALE, doc: str = "") -> pd.DataFrame:
+         seeds: Sequence[int], base: Mapping[str, Any] = fk.sweep.TEACHING_SCALE, doc: str = "") -> pd.DataFrame | None:
     """Parse ``--seeds/--settings/--root/--threads``, run ``grid`` × seeds in every chosen setting
-    (seed-major, so a partial sweep already covers every cell once), then write the chapter's CSVs
-    from every finished run under the root. ``grid`` is one grid for all settings, or a grid per
-    setting (keyed by the settings' names). Returns the collected frame."""
+    (seed-major, so a partial sweep already covers every cell once), then, once every planned run has
+    finished (or with ``--collect-only``), write the chapter's CSVs from every finished run under the
+    root. ``grid`` is one grid for all settings, or a grid per setting (keyed by the settings' names).
+    Returns the collected frame, or None while the sweep is incomplete."""
     p = argparse.ArgumentParser(description=doc.strip().splitlines()[0] if doc else chapter)
     p.add_argument("--seeds", nargs="+", type=int, default=list(seeds))
     p.add_argument("--settings", nargs="+", default=list(settings), choices=list(settings))
-    p.add_argument("--root", default=str(RESULTS.parent / "runs" / chapter))
+    p.add_argument("--root", default=str(RUNS / chapter))
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: run one script per core)")
-    p.add_argument("--collect-only", action="store_true", help="only rewrite the CSVs from the runs on disk")
+    p.add_argument("--collect-only", action="store_true", help="only rewrite the CSVs from the runs on disk, "
+                   "even when the sweep is incomplete")
+    p.add_argument("--status", action="store_true", help="print how many planned runs have finished, and stop")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     root = Path(args.root)
-    if not args.collect_only:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "plan.json").write_text(json.dumps({"base": dict(base), "seeds": list(seeds),
+                                                "runs": plan(settings, grid, seeds, base)}, indent=1) + "\n")
+    if not (args.collect_only or args.status):
         data = fk.data.load(base.get("dataset", "cifar10"))
         for seed in args.seeds:
             for name in args.settings:
                 g = grid[name] if set(grid) == set(settings) else grid
                 fk.sweep.run({**base, **settings[name]}, g, [seed], root / slug(name), data=data)
+    done, planned = progress(chapter, root)
+    print(f"{chapter}: {done} of {planned} planned runs finished")
+    if args.status or (done < planned and not args.collect_only):
+        return None
     return write_csvs(chapter, root, settings, threads=args.threads)
 
 

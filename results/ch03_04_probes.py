@@ -1,13 +1,17 @@
-"""Chapters 03 and 04 over several seeds: the probed federated runs (CE, DR, FedDr+), chapter 03's
-same-global-model experiment and chapter 04's β sweep, at the chapters' default parameters.
+"""Chapters 03 and 04 over several seeds: the probed federated runs (CE, DR, FedDr+ and FedDr+'s
+β-scaled DR control), chapter 03's same-global-model experiment and chapter 04's β sweep (with the
+control at every β), at the chapters' default parameters: the teaching scale (``cnn_bn``, 120 rounds
+of 10 of 100 clients, 1 local epoch, shard s = 5), probed every 5 rounds.
 
-    PYTHONPATH=. python results/ch03_04_probes.py            # seeds 0 1 2, one thread (about 25 core-minutes)
+    PYTHONPATH=. python results/ch03_04_probes.py            # seeds 0 1 2, one thread
     PYTHONPATH=. python results/ch03_04_probes.py --seeds 3 4 --threads 2
     PYTHONPATH=. python results/ch03_04_probes.py --seeds 2 --run "DR (dr)"   # only one federated run (in parallel)
 
-Each federated run is saved in ``runs/ch03_04_probes/seed<k>/<run>/`` and each seed's tables in
-``runs/ch03_04_probes/seed<k>/`` (finished runs and seeds are reused: kill and start again; ``--run``
-trains one run so that several processes can share a seed), then every finished seed is collected into
+Each federated run is saved in ``results/runs/ch03_04_probes/seed<k>/<run>/`` and each seed's tables in
+``results/runs/ch03_04_probes/seed<k>/`` (finished runs and seeds are reused: kill and start again;
+``--run`` trains one run so that several processes can share a seed; a seed's tables need its runs'
+checkpoints, which git does not keep, so commit a seed once its ``done`` file exists). Every finished
+seed is then collected into
 
 * ``results/ch03_runs.csv``, ``results/ch04_runs.csv``: the runs' histories, one row per (run, seed, round);
 * ``results/ch03_same_model.csv``: one row per (seed, shared lr, draw, loss, client);
@@ -33,26 +37,37 @@ from feddr_kit import teaching
 
 RESULTS = Path(__file__).resolve().parent
 SETTINGS = {  # = the chapters' parameters cells
-    "dataset": "cifar10", "model": "cnn", "shards_per_client": 5, "rounds": 20, "local_epochs": 1,
-    "lr_gamma": 0.1, "probe_samples": 500, "beta": 0.9,
-    "same_model_lrs": [0.01, 0.003], "same_model_draws": 2, "beta_grid": [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0],
+    "dataset": "cifar10", "model": "cnn_bn", "shards_per_client": 5, "rounds": 120, "local_epochs": 1,
+    "lr_gamma": 0.1, "probe_samples": 500, "probe_every": 5, "beta": 0.9,
+    # section 4 of chapter 03: each loss at its own lr (null), then one lr shared by every loss (CE's)
+    "same_model_lrs": [None, 0.1], "same_model_draws": 2, "beta_grid": [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0],
 }
-RUNS = {"CE (fedavg)": "fedavg", "DR (dr)": "dr", "FedDr+ (beta=0.9)": "feddr+"}
+CONTROL = "DR lr×β (control)"
+RUNS = {"CE (fedavg)": "fedavg", "DR (dr)": "dr", "FedDr+ (beta=0.9)": "feddr+", CONTROL: "dr"}
+FOLDERS = {"CE (fedavg)": "ce", "DR (dr)": "dr", "FedDr+ (beta=0.9)": "feddrplus", CONTROL: "dr_beta_scaled"}
 SAME = {"CE, head trained": "fedavg", "CE, frozen ETF": "fedbabu", "DR, frozen ETF": "dr"}
 
 
 def config(settings: dict = SETTINGS) -> fk.Config:
-    """The federated runs' Config (probes on every round)."""
+    """The federated runs' Config (evaluated and probed every ``probe_every`` rounds)."""
     return fk.Config(dataset=settings["dataset"], model=settings["model"], shards_per_client=settings["shards_per_client"],
                      rounds=settings["rounds"], local_epochs=settings["local_epochs"], lr_gamma=settings["lr_gamma"],
-                     beta=settings["beta"], probes=True, probe_samples=settings["probe_samples"], eval_every=1,
-                     progress=False)
+                     beta=settings["beta"], probes=True, probe_samples=settings["probe_samples"],
+                     eval_every=settings["probe_every"], progress=False)
+
+
+def run_config(label: str, seed: int, settings: dict = SETTINGS) -> fk.Config:
+    """The Config of run ``label`` at ``seed``; the control is :func:`feddr_kit.beta_scaled_dr` of the FedDr+ run."""
+    cfg = config(settings).replace(seed=seed)
+    if label == CONTROL:
+        return fk.beta_scaled_dr(cfg.replace(algorithm="feddr+"))
+    return cfg.replace(algorithm=RUNS[label])
 
 
 def federated_run(label: str, seed: int, root: Path, data, settings: dict = SETTINGS):
     """Run ``label`` at ``seed`` into ``root/seed<seed>/<label>/``, or load it from there when it finished."""
-    folder = root / f"seed{seed}" / label.split(" ")[0].replace("+", "plus").lower()
-    cfg = config(settings).replace(algorithm=RUNS[label], seed=seed, out_dir=str(folder), checkpoint_every=0)
+    folder = root / f"seed{seed}" / FOLDERS[label]
+    cfg = run_config(label, seed, settings).replace(out_dir=str(folder), checkpoint_every=10)
     if (folder / "summary.json").exists():
         return fk.run(cfg, resume=True, data=data)
     return fk.run(cfg.replace(overwrite=True), data=data)
@@ -66,7 +81,7 @@ def one_seed(seed: int, data, root: Path, settings: dict = SETTINGS) -> dict[str
                                      draws=settings["same_model_draws"], local_epochs=settings["local_epochs"],
                                      probe_samples=settings["probe_samples"])
     sweep = teaching.beta_sweep(results[("FedDr+ (beta=0.9)", seed)], settings["beta_grid"],
-                                local_epochs=settings["local_epochs"], probe_samples=settings["probe_samples"])
+                                local_epochs=settings["local_epochs"], probe_samples=settings["probe_samples"], control=True)
     return {"runs": histories, "same_model": same, "beta_sweep": sweep}
 
 
@@ -74,7 +89,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--root", default=str(RESULTS.parent / "runs" / "ch03_04_probes"))
+    p.add_argument("--root", default=str(RESULTS / "runs" / "ch03_04_probes"))
     p.add_argument("--run", choices=list(RUNS), help="train only this federated run of each seed, then stop")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -100,7 +115,7 @@ def main() -> None:
               for name in ("runs", "same_model", "beta_sweep")}
     runs = tables["runs"]
     runs[runs["run"].isin(["CE (fedavg)", "DR (dr)"])].to_csv(RESULTS / "ch03_runs.csv", index=False)
-    runs[runs["run"].isin(["DR (dr)", "FedDr+ (beta=0.9)"])].to_csv(RESULTS / "ch04_runs.csv", index=False)
+    runs[runs["run"].isin(["DR (dr)", "FedDr+ (beta=0.9)", CONTROL])].to_csv(RESULTS / "ch04_runs.csv", index=False)
     tables["same_model"].to_csv(RESULTS / "ch03_same_model.csv", index=False)
     tables["beta_sweep"].to_csv(RESULTS / "ch04_beta_sweep.csv", index=False)
     (RESULTS / "ch03_04_probes.json").write_text(json.dumps({"settings": SETTINGS, "seeds": seeds}, indent=1) + "\n")

@@ -1,4 +1,8 @@
-"""Chapter 06's sweep: five base methods × six regularizers (the paper's Table 1) on shard s = 5
+"""ARCHIVED: the old-scale sweep (the `cnn`, 20 rounds of 5 clients) behind the CSVs beside it, kept as the
+record of how they were made while the chapter's new-scale sweep (``results/ch06_synergy.py``) runs. It refuses to
+run: its runs would land in the new sweep's folders.
+
+Chapter 06's sweep: five base methods × six regularizers (the paper's Table 1) on shard s = 5
 CIFAR-10 at the results chapters' scale (``fk.sweep.SWEEP_SCALE``), two seeds.
 
 The paper's Table 1 uses Dirichlet α = 0.1. At this scale α = 0.1 leaves every base method but
@@ -26,4 +30,4 @@ GRID = {"algorithm": ["fedavg", "fedbabu", "spherefed", "fedetf", "dr"],
 SEEDS = [0, 1]  # the chapter's notebook reads these to know what a complete sweep holds
 
 if __name__ == "__main__":
-    main("ch06_synergy", SETTINGS, GRID, seeds=SEEDS, base=BASE, doc=__doc__)
+    raise SystemExit(f"{__file__} is archived; run results/ch06_synergy.py instead")

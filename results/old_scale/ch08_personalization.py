@@ -1,4 +1,8 @@
-"""Chapter 08's sweep: personalization (the paper's Table 4 at the results chapters' scale,
+"""ARCHIVED: the old-scale sweep (the `cnn`, 20 rounds of 5 clients) behind the CSVs beside it, kept as the
+record of how they were made while the chapter's new-scale sweep (``results/ch08_personalization.py``) runs. It refuses to
+run: its runs would land in the new sweep's folders.
+
+Chapter 08's sweep: personalization (the paper's Table 4 at the results chapters' scale,
 ``fk.sweep.SWEEP_SCALE``) on shard s=2 and Dirichlet α=0.1, three seeds.
 
 Three families, each scored by the mean over the 100 clients of the accuracy of the client's
@@ -181,4 +185,4 @@ def write(root: Path, gfl_root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(f"{__file__} is archived; run results/ch08_personalization.py instead")

@@ -1,4 +1,8 @@
-"""Every algorithm at the teaching defaults (``Config()``, its default lr), with probes, over seeds.
+"""ARCHIVED: the old-scale sweep (the `cnn`, 20 rounds of 5 clients) behind the CSVs beside it, kept as the
+record of how they were made while the chapter's new-scale sweep (``results/ch05_algorithms.py``) runs. It refuses to
+run: its runs would land in the new sweep's folders.
+
+Every algorithm at the teaching defaults (``Config()``, its default lr), with probes, over seeds.
 
 Appends one row per run to ``results/teaching_table.csv``: final / best / last-5 accuracy, seconds
 per round and per run, and the probe columns averaged over all rounds (local-model alignment and
@@ -37,4 +41,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(f"{__file__} is archived; results/ch05_algorithms.py runs every algorithm at the teaching scale")

@@ -1,4 +1,8 @@
-"""Chapter 07's sweeps: sensitivity to β, client participation and local epochs (the paper's
+"""ARCHIVED: the old-scale sweep (the `cnn`, 20 rounds of 5 clients) behind the CSVs beside it, kept as the
+record of how they were made while the chapter's new-scale sweep (``results/ch07_sensitivity.py``) runs. It refuses to
+run: its runs would land in the new sweep's folders.
+
+Chapter 07's sweeps: sensitivity to β, client participation and local epochs (the paper's
 Figure 6) on shard s = 5 CIFAR-10, two seeds (the paper uses α = 0.1; at this scale α = 0.1
 leaves the base methods at chance, see ``ch06_synergy.py``).
 
@@ -24,4 +28,4 @@ GRIDS = {"beta": {"algorithm": ["feddr+"], "beta": [0.0, 0.1, 0.3, 0.5, 0.7, 0.9
 SEEDS = [0, 1]  # the chapter's notebook reads these to know what a complete sweep holds
 
 if __name__ == "__main__":
-    main("ch07_sensitivity", SETTINGS, GRIDS, seeds=SEEDS, base=BASE, doc=__doc__)
+    raise SystemExit(f"{__file__} is archived; run results/ch07_sensitivity.py instead")
