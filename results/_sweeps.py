@@ -52,12 +52,15 @@ def plan(settings: Mapping[str, Mapping[str, Any]], grid: Mapping[str, Sequence]
 
 
 def progress(chapter: str, root: Path | None = None) -> tuple[int, int]:
-    """``(finished, planned)`` runs of a chapter's sweep, from its ``plan.json``; ``(0, 0)`` before it started."""
+    """``(finished, planned)`` runs of a chapter's sweep, from its ``plan.json`` (``runs``: folders, done when
+    they hold ``summary.json``; ``files``: items done when the file exists); ``(0, 0)`` before it started."""
     root = Path(root) if root is not None else RUNS / chapter
     if not (root / "plan.json").exists():
         return 0, 0
-    names = json.loads((root / "plan.json").read_text())["runs"]
-    return sum((root / n / "summary.json").exists() for n in names), len(names)
+    plan_ = json.loads((root / "plan.json").read_text())
+    runs, files = plan_.get("runs", []), plan_.get("files", [])  # files: items that leave one file, not a run
+    done = sum((root / n / "summary.json").exists() for n in runs) + sum((root / f).exists() for f in files)
+    return done, len(runs) + len(files)
 
 
 def main(chapter: str, settings: Mapping[str, Mapping[str, Any]], grid: Mapping[str, Sequence],
