@@ -15,6 +15,9 @@ seed is then collected into
 
 * ``results/ch03_runs.csv``, ``results/ch04_runs.csv``: the runs' histories, one row per (run, seed, round);
 * ``results/ch03_same_model.csv``: one row per (seed, shared lr, draw, loss, client);
+* ``results/ch03_wipe.csv``: one row per (seed, s, lr fraction, loss, client): from the final DR global
+  model, one local round by clients of an s = 2 and an s = 5 partition, CE (frozen ETF) and DR, each at
+  a fraction of its own default lr (what sets how much of the unobserved classes a round wipes out);
 * ``results/ch04_beta_sweep.csv``: one row per (seed, β, client);
 * ``results/ch03_04_probes.json``: the settings, which the chapters compare with their parameters
   (a chapter run with other parameters reruns the seeds itself instead of loading these files).
@@ -41,11 +44,37 @@ SETTINGS = {  # = the chapters' parameters cells
     "lr_gamma": 0.1, "probe_samples": 500, "probe_every": 5, "beta": 0.9,
     # section 4 of chapter 03: each loss at its own lr (null), then one lr shared by every loss (CE's)
     "same_model_lrs": [None, 0.1], "same_model_draws": 2, "beta_grid": [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0],
+    # chapter 03's wipe-out table: clients of these partitions, at these fractions of each loss's own lr
+    "wipe_shards": [2, 5], "wipe_lr_fractions": [1.0, 0.3, 0.1, 0.01],
 }
 CONTROL = "DR lr×β (control)"
 RUNS = {"CE (fedavg)": "fedavg", "DR (dr)": "dr", "FedDr+ (beta=0.9)": "feddr+", CONTROL: "dr"}
 FOLDERS = {"CE (fedavg)": "ce", "DR (dr)": "dr", "FedDr+ (beta=0.9)": "feddrplus", CONTROL: "dr_beta_scaled"}
 SAME = {"CE, head trained": "fedavg", "CE, frozen ETF": "fedbabu", "DR, frozen ETF": "dr"}
+WIPE = {"CE, frozen ETF": "fedbabu", "DR, frozen ETF": "dr"}
+
+
+def wipe_table(result, data, settings: dict = SETTINGS) -> pd.DataFrame:
+    """From ``result``'s final global model (a DR run), one local round of the clients sampled after its
+    last round, drawn from a shard partition with each ``wipe_shards`` value (same seed), for each loss
+    of :data:`WIPE` at each ``wipe_lr_fractions`` of the loss's own default lr. Rows of
+    :func:`feddr_kit.teaching.local_round_probes` with ``seed``, ``shards_per_client``, ``lr_fraction``, ``lr``."""
+    from feddr_kit.methods.base import initial_lr
+
+    cfg = result.config
+    own = {name: initial_lr(cfg.replace(algorithm=name, regularizer=None, lr=None)) for name in WIPE.values()}
+    frames = []
+    for s in settings["wipe_shards"]:
+        part = fk.federated.make_partition(cfg.replace(shards_per_client=s), data)
+        for frac in settings["wipe_lr_fractions"]:
+            lrs = {name: frac * lr for name, lr in own.items()}
+            df = teaching.local_round_probes(result.model, data, part, WIPE, round=cfg.rounds,
+                                             clients_per_round=cfg.clients_per_round, local_epochs=cfg.local_epochs,
+                                             lr=lrs, probe_samples=settings["probe_samples"], seed=cfg.seed,
+                                             model=cfg.model)
+            frames.append(df.assign(seed=cfg.seed, shards_per_client=s, lr_fraction=frac,
+                                    lr=df["algorithm"].map(lrs)))
+    return pd.concat(frames, ignore_index=True)
 
 
 def config(settings: dict = SETTINGS) -> fk.Config:
@@ -74,7 +103,7 @@ def federated_run(label: str, seed: int, root: Path, data, settings: dict = SETT
 
 
 def one_seed(seed: int, data, root: Path, settings: dict = SETTINGS) -> dict[str, pd.DataFrame]:
-    """Every table of one seed: ``runs`` (histories), ``same_model`` and ``beta_sweep``."""
+    """Every table of one seed: ``runs`` (histories), ``same_model``, ``beta_sweep`` and ``wipe``."""
     done = {(label, seed): federated_run(label, seed, root, data, settings) for label in RUNS}
     histories, results = teaching.seed_runs(config(settings), RUNS, [seed], data, reuse=done)
     same = teaching.same_model_study(results[("DR (dr)", seed)], SAME, lrs=settings["same_model_lrs"],
@@ -82,7 +111,8 @@ def one_seed(seed: int, data, root: Path, settings: dict = SETTINGS) -> dict[str
                                      probe_samples=settings["probe_samples"])
     sweep = teaching.beta_sweep(results[("FedDr+ (beta=0.9)", seed)], settings["beta_grid"],
                                 local_epochs=settings["local_epochs"], probe_samples=settings["probe_samples"], control=True)
-    return {"runs": histories, "same_model": same, "beta_sweep": sweep}
+    wipe = wipe_table(results[("DR (dr)", seed)], data, settings)
+    return {"runs": histories, "same_model": same, "beta_sweep": sweep, "wipe": wipe}
 
 
 def main() -> None:
@@ -112,12 +142,13 @@ def main() -> None:
         print(f"seed {seed}: {time.time() - start:.0f} s", flush=True)
     seeds = sorted(int(f.name[4:]) for f in root.glob("seed*") if (f / "done").exists())
     tables = {name: pd.concat([pd.read_csv(root / f"seed{s}" / f"{name}.csv") for s in seeds], ignore_index=True)
-              for name in ("runs", "same_model", "beta_sweep")}
+              for name in ("runs", "same_model", "beta_sweep", "wipe")}
     runs = tables["runs"]
     runs[runs["run"].isin(["CE (fedavg)", "DR (dr)"])].to_csv(RESULTS / "ch03_runs.csv", index=False)
     runs[runs["run"].isin(["DR (dr)", "FedDr+ (beta=0.9)", CONTROL])].to_csv(RESULTS / "ch04_runs.csv", index=False)
     tables["same_model"].to_csv(RESULTS / "ch03_same_model.csv", index=False)
     tables["beta_sweep"].to_csv(RESULTS / "ch04_beta_sweep.csv", index=False)
+    tables["wipe"].to_csv(RESULTS / "ch03_wipe.csv", index=False)
     (RESULTS / "ch03_04_probes.json").write_text(json.dumps({"settings": SETTINGS, "seeds": seeds}, indent=1) + "\n")
     print(f"wrote results/ch03_*.csv, results/ch04_*.csv for seeds {seeds}")
 
