@@ -95,6 +95,14 @@ def _panel_row(axes, n: int, panel_size: tuple[float, float], suptitle: str | No
     return axes[0]
 
 
+def _round_axis(ax) -> None:
+    """Label the x axis as communication rounds, with whole-number ticks only (no round 12.5)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("communication round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _zero_line(ax, quantity: str) -> None:
     """A grey line at 0 for the quantities whose sign matters (changes and differences)."""
     if quantity.endswith("_gap") or quantity == "feat_norm_diff":
@@ -120,7 +128,7 @@ def accuracy_curves(histories: dict, metric: str = "test_acc", ax=None, title: s
     if chance is not None:
         ax.axhline(100 * chance, color="grey", ls=":", lw=1.2, label="chance")
     names = {"test_acc": "global test accuracy (%)", "local_test_acc": "mean local test accuracy (%)"}
-    ax.set_xlabel("communication round")
+    _round_axis(ax)
     ax.set_ylabel(names.get(metric, metric))
     ax.set_title(title or f"{names.get(metric, metric)} of the global model over rounds")
     ax.legend(title="run")
@@ -218,7 +226,7 @@ def trajectory_plot(trajectories, V, y: int = 0, axes=None):
 
 
 def force_explorer(angle_deg: float = 150.0, norm: float = 1.0, num_classes: int = 3, lr: float = 0.5,
-                   y: int = 0, ax=None):
+                   y: int = 0, ax=None, magnify: bool = False):
     """One 2-D feature of class ``y`` and every force on it: the figure behind chapter 01's widget.
 
     The feature sits at ``angle_deg`` degrees with length ``norm`` in front of ``num_classes``
@@ -226,32 +234,55 @@ def force_explorer(angle_deg: float = 150.0, norm: float = 1.0, num_classes: int
     from the feature: CE's pull, CE's push, their sum (CE's total force) and the dot-regression
     force, all drawn to the true scale of one step of size ``lr``; hollow markers show where one such
     step of CE and of DR takes the feature. Returns the Axes.
+
+    ``magnify=True`` keeps the picture readable at any ``norm`` and ``lr``: the class vectors are drawn
+    ``max(1, norm)`` long (the dotted circle then has that radius), and when the longest step is
+    shorter than 0.45 of that, every arrow and both step markers are magnified by one common factor
+    ``k`` (1, 2 or 5 times a power of ten, at most 1000), named in the title, so that their lengths still compare.
     """
     from . import teaching
 
     V = teaching.circle_head(int(num_classes))
     f = teaching.forces_at(angle_deg, norm, V, y=y, lr=lr)
     ax = _axes(ax, figsize=(6.2, 6.2))
-    reach = max(1.3, 1.2 * float(max(f["h"].norm(), f["h_ce"].norm(), f["h_dr"].norm())))
-    ax.add_patch(plt.Circle((0, 0), 1.0, fill=False, ls=":", color="grey"))
-    _draw_head(ax, V, highlight=y, scale=1.0)
     h = f["h"].numpy()
+    radius, k = 1.0, 1.0
+    if magnify:
+        radius = max(1.0, float(norm))
+        longest = max(float(lr * f[key].norm()) for key in ("ce_pull", "ce_push", "ce", "dr"))
+        if 0 < longest < 0.45 * radius:
+            k = _nice_floor(min(0.45 * radius / longest, 1000.0))  # capped: a force of ~0 stays a dot
+    tips = [f[key].numpy() if k == 1 else h + k * (f[key].numpy() - h) for key in ("h_ce", "h_dr")]
+    reach = max(1.3, 1.2 * radius, 1.2 * float(max(np.linalg.norm(h), *(np.linalg.norm(t) for t in tips))))
+    ax.add_patch(plt.Circle((0, 0), radius, fill=False, ls=":", color="grey"))
+    _draw_head(ax, V, highlight=y, scale=radius)
+    times = "x lr" if k == 1 else f"x lr x {k:g}"
     for key, color, label in (("ce_pull", PULL_COLOR, "CE pull"), ("ce_push", PUSH_COLOR, "CE push"),
                               ("ce", "black", "CE total"), ("dr", DR_COLOR, "DR")):
-        step = lr * f[key].numpy()
+        step = k * lr * f[key].numpy()
         ax.annotate("", xy=h + step, xytext=h, arrowprops=dict(arrowstyle="-|>", color=color, lw=2))
-        ax.plot([], [], color=color, lw=2, label=f"{label} (x lr)")
+        ax.plot([], [], color=color, lw=2, label=f"{label} ({times})")
     ax.plot(*h, "k*", markersize=14, label="feature h")
-    ax.plot(*f["h_ce"].numpy(), "o", mfc="none", mec="black", markersize=10, label="after one CE step")
-    ax.plot(*f["h_dr"].numpy(), "o", mfc="none", mec=DR_COLOR, markersize=10, label="after one DR step")
+    ax.plot(*tips[0], "o", mfc="none", mec="black", markersize=10, label="after one CE step" + ("" if k == 1 else f" (x {k:g})"))
+    ax.plot(*tips[1], "o", mfc="none", mec=DR_COLOR, markersize=10, label="after one DR step" + ("" if k == 1 else f" (x {k:g})"))
     ax.set_xlim(-reach, reach)
     ax.set_ylim(-reach, reach)
     ax.set_aspect("equal")
     ax.set_xlabel("feature $h_1$")
     ax.set_ylabel("feature $h_2$")
-    ax.set_title(f"C = {int(num_classes)}, |h| = {norm:g}, angle {angle_deg:g}°: $p_{y}$ = {f['p_y']:.2f}")
-    ax.legend(loc="lower left", fontsize="x-small")
+    ax.set_title(f"C = {int(num_classes)}, |h| = {norm:g}, angle {angle_deg:g}°: $p_{y}$ = {f['p_y']:.2f}"
+                 + ("" if k == 1 else f"; arrows x {k:g}"))
+    if magnify:  # outside, where it hides no class vector
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="x-small")
+    else:
+        ax.legend(loc="lower left", fontsize="x-small")
     return ax
+
+
+def _nice_floor(x: float) -> float:
+    """The largest of 1, 2, 5 times a power of ten that is at most ``x`` (``x`` >= 1), e.g. 7.3 -> 5."""
+    exp = 10.0 ** np.floor(np.log10(x))
+    return float(max(m * exp for m in (1, 2, 5) if m * exp <= x))
 
 
 # --------------------------------------------------------------------------- chapter 02
@@ -420,7 +451,7 @@ def observed_unobserved(histories: dict, quantity: str = "align", ax=None, title
     _zero_line(ax, quantity)
     if reference is not None:
         ax.axhline(scale * reference, color="black", ls=":", lw=1.0, label=f"{reference:+.3f}")
-    ax.set_xlabel("communication round")
+    _round_axis(ax)
     ax.set_ylabel(_PROBE_LABELS[quantity])
     ax.set_title(title or _PROBE_LABELS[quantity])
     if legend:
@@ -447,25 +478,38 @@ def client_drilldown(table, classes=None, axes=None, reference: float | None = N
     ``table``: :func:`feddr_kit.teaching.client_classes`'s rows; one panel per loss (``run``). Grey
     bars: the global model; coloured bars: the local model, red for the client's observed classes,
     blue for the rest. ``classes``: class names for the ticks; ``reference``: a dotted line (e.g.
-    ``-1/(C-1)``, the alignment of a feature that points exactly at another class's vector). Returns the Axes.
+    ``-1/(C-1)``, the alignment of a feature that points exactly at another class's vector), always
+    inside the panels' range. One legend below the panels. Returns the Axes.
     """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     runs = list(dict.fromkeys(table["run"]))
     axes = _panel_row(axes, len(runs), (5.6, 3.8), None)
+    low = min(table["global_align"].min(), table["align"].min(), 0.0, reference if reference is not None else 0.0)
+    high = max(table["global_align"].max(), table["align"].max(), 0.0)
+    pad = 0.08 * (high - low or 1.0)
     for ax, run in zip(axes, runs):
         t = table[table["run"] == run].sort_values("class")
         x = np.arange(len(t))
         colors = [OBS_COLOR if o else UNOBS_COLOR for o in t["observed"]]
-        ax.bar(x - 0.2, t["global_align"], 0.4, color="lightgrey", edgecolor="grey", label="global model (before)")
-        ax.bar(x + 0.2, t["align"], 0.4, color=colors, label="local model (after)")
+        ax.bar(x - 0.2, t["global_align"], 0.4, color="lightgrey", edgecolor="grey")
+        ax.bar(x + 0.2, t["align"], 0.4, color=colors)
         ax.axhline(0.0, color="grey", lw=0.8)
         if reference is not None:
             ax.axhline(reference, color="black", ls=":", lw=1.0)
+        ax.set_ylim(low - pad, high + pad)  # the same range in every panel, the reference line included
         names = [classes[c] if classes is not None else str(c) for c in t["class"]]
         ax.set_xticks(x, [f"{n}*" if o else n for n, o in zip(names, t["observed"])], rotation=45, ha="right")
         ax.set_ylabel(_PROBE_LABELS["align"])
         ax.set_title(f"{run}: unobs. acc {100 * t.loc[~t['observed'], 'global_acc'].mean():.0f}% -> "
                      f"{100 * t.loc[~t['observed'], 'acc'].mean():.0f}%")
-        ax.legend(fontsize="x-small")
+    handles = [Patch(facecolor="lightgrey", edgecolor="grey", label="global model (before)"),
+               Patch(color=OBS_COLOR, label="local model, the client's classes (*)"),
+               Patch(color=UNOBS_COLOR, label="local model, other classes")]
+    if reference is not None:
+        handles.append(Line2D([], [], color="black", ls=":", label=f"{reference:+.3f}: pointing at another class"))
+    axes[0].figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize="small")
     return axes
 
 
@@ -481,9 +525,10 @@ def probe_bars(table, quantity: str = "align", ax=None, title: str | None = None
         ax.bar_label(bars, fmt="%.2f" if scale == 1.0 else "%.1f", fontsize="x-small")
     ax.set_xticks(x, list(table.index))
     ax.axhline(0.0, color="grey", lw=0.8)
+    ax.margins(y=0.15)  # room for the bar labels
     ax.set_ylabel(_PROBE_LABELS[quantity])
     ax.set_title(title or f"{_PROBE_LABELS[quantity]}, mean over rounds")
-    ax.legend(title="classes")
+    ax.legend(title="classes", loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")  # beside, never over, the bars
     return ax
 
 
