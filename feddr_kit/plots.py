@@ -95,8 +95,8 @@ def _panel_row(axes, n: int, panel_size: tuple[float, float], suptitle: str | No
     return axes[0]
 
 
-def _round_axis(ax) -> None:
-    """Label the x axis as communication rounds, with whole-number ticks only (no round 12.5)."""
+def round_axis(ax) -> None:
+    """Label ``ax``'s x axis as communication rounds, with whole-number ticks only (no round 12.5). Returns None."""
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlabel("communication round")
@@ -128,7 +128,7 @@ def accuracy_curves(histories: dict, metric: str = "test_acc", ax=None, title: s
     if chance is not None:
         ax.axhline(100 * chance, color="grey", ls=":", lw=1.2, label="chance")
     names = {"test_acc": "global test accuracy (%)", "local_test_acc": "mean local test accuracy (%)"}
-    _round_axis(ax)
+    round_axis(ax)
     ax.set_ylabel(names.get(metric, metric))
     ax.set_title(title or f"{names.get(metric, metric)} of the global model over rounds")
     ax.legend(title="run")
@@ -451,7 +451,7 @@ def observed_unobserved(histories: dict, quantity: str = "align", ax=None, title
     _zero_line(ax, quantity)
     if reference is not None:
         ax.axhline(scale * reference, color="black", ls=":", lw=1.0, label=f"{reference:+.3f}")
-    _round_axis(ax)
+    round_axis(ax)
     ax.set_ylabel(_PROBE_LABELS[quantity])
     ax.set_title(title or _PROBE_LABELS[quantity])
     if legend:

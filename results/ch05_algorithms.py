@@ -1,6 +1,6 @@
-"""Chapter 05's sweep: the nine algorithms on two non-iid CIFAR-10 settings (the paper's Table 3 at
-the teaching scale, ``fk.sweep.TEACHING_SCALE``: ``cnn_bn``, 120 rounds of 10 of 100 clients, 1 local
-epoch), three seeds.
+"""Chapter 05's sweep: the nine algorithms on two non-iid CIFAR-10 settings (the paper's table of
+global-FL accuracy, ``tab:gfl_acc_all``, at the teaching scale, ``fk.sweep.TEACHING_SCALE``: ``cnn_bn``,
+120 rounds of 10 of 100 clients, 1 local epoch), three seeds.
 
 Each algorithm runs at its default lr for ``cnn_bn`` (results/lr_grid.csv) and its own regularizer
 (fd for feddr+). Budget cut, decided before any run of this sweep: the paper's four settings × nine
