@@ -248,3 +248,19 @@ def claims_table(claims: Iterable[Claim]) -> pd.DataFrame:
     """
     rows = [c.row() for c in claims]
     return pd.DataFrame(rows, columns=["claim", "source", "setting", "seeds", "value ± interval", "margin", "verdict"])
+
+
+def digest(table: pd.DataFrame) -> str:
+    """A Markdown summary of a :func:`claims_table`: one bullet per verdict, the decided ones first (held,
+    did not hold), then the ties and the untestable, each listing its claims with ``value ± interval``
+    and setting. What a chapter's "what the table says" paragraph quotes, computed so that it always
+    matches the table. Returns the Markdown text."""
+    order = [HELD, NOT_HELD, TIE, UNTESTABLE]
+    out = []
+    for v in order:
+        rows = table[table["verdict"] == v]
+        if rows.empty:
+            continue
+        items = "; ".join(f"{r['claim']} ({r['value ± interval']}; {r['setting']})" for _, r in rows.iterrows())
+        out.append(f"* **{v}** ({len(rows)} of {len(table)}): {items}.")
+    return "\n".join(out)

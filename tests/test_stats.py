@@ -163,3 +163,15 @@ def test_claims_table_formats_rows():
     assert table.loc[1, "seeds"] == "n=3"
     with pytest.raises(FeddrKitError, match="source"):
         Claim("x", "blog", "s", d)
+
+
+def test_digest_leads_with_decided_verdicts_and_quotes_every_claim():
+    from feddr_kit.stats import Claim, claims_table, digest, interval
+
+    rows = [Claim("a tie", "paper", "s", interval([-1.0, 2.0, 3.0]), "greater", 0.1),
+            Claim("a win", "paper", "s", interval([1.0, 1.1, 1.2]), "greater", 0.1),
+            Claim("a loss", "paper", "s", interval([-1.0, -1.1, -1.2]), "greater", 0.1)]
+    text = digest(claims_table(rows))
+    lines = text.splitlines()
+    assert [line.split("**")[1] for line in lines] == ["held", "did not hold", "tie (within the interval)"]
+    assert "(1 of 3)" in lines[0] and "a win (+1.100" in lines[0] and "a tie" in lines[2]
