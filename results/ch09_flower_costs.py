@@ -12,6 +12,12 @@ load average at the start, per path the wall time and each round's seconds, the 
 start-up (launch -> first round) and SuperLink start-up, the model's size on the wire, and whether the
 three histories are identical (all columns but seconds) and the final weights bit-for-bit equal.
 
+The default three rounds measure the start-up well (it is paid once and is much larger than a round),
+but not a per-round overhead: round 1 of the simulation also starts Ray's actors, which leaves two
+rounds to compare, and on a shared machine single rounds vary by a good fraction of a second. Chapter
+09 therefore reports the per-round overhead with its interval over the rounds; ``--rounds 10`` or more,
+on an idle machine, narrows that interval.
+
     OMP_NUM_THREADS=1 python results/ch09_flower_costs.py            # about 3-6 minutes
     python results/ch09_flower_costs.py --rounds 4 --out runs/ch09   # other settings
 """
