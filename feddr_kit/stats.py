@@ -252,8 +252,8 @@ def claims_table(claims: Iterable[Claim]) -> pd.DataFrame:
 
 def digest(table: pd.DataFrame) -> str:
     """A Markdown summary of a :func:`claims_table`: one bullet per verdict, the decided ones first (held,
-    did not hold), then the ties and the untestable, each listing its claims with ``value ± interval``
-    and setting. What a chapter's "what the table says" paragraph quotes, computed so that it always
+    did not hold), then the ties and the untestable, each with one sub-bullet per claim giving its
+    ``value ± interval`` and setting. What a chapter's "what the table says" paragraph quotes, computed so that it always
     matches the table. Returns the Markdown text."""
     order = [HELD, NOT_HELD, TIE, UNTESTABLE]
     out = []
@@ -261,6 +261,6 @@ def digest(table: pd.DataFrame) -> str:
         rows = table[table["verdict"] == v]
         if rows.empty:
             continue
-        items = "; ".join(f"{r['claim']} ({r['value ± interval']}; {r['setting']})" for _, r in rows.iterrows())
-        out.append(f"* **{v}** ({len(rows)} of {len(table)}): {items}.")
+        out.append(f"* **{v}** ({len(rows)} of {len(table)}):")
+        out += [f"  * {r['claim']}: {r['value ± interval']} ({r['setting']})" for _, r in rows.iterrows()]
     return "\n".join(out)

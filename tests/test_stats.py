@@ -172,6 +172,7 @@ def test_digest_leads_with_decided_verdicts_and_quotes_every_claim():
             Claim("a win", "paper", "s", interval([1.0, 1.1, 1.2]), "greater", 0.1),
             Claim("a loss", "paper", "s", interval([-1.0, -1.1, -1.2]), "greater", 0.1)]
     text = digest(claims_table(rows))
+    heads = [line for line in text.splitlines() if line.startswith("* ")]
+    assert [line.split("**")[1] for line in heads] == ["held", "did not hold", "tie (within the interval)"]
     lines = text.splitlines()
-    assert [line.split("**")[1] for line in lines] == ["held", "did not hold", "tie (within the interval)"]
-    assert "(1 of 3)" in lines[0] and "a win (+1.100" in lines[0] and "a tie" in lines[2]
+    assert "(1 of 3)" in lines[0] and lines[1].startswith("  * a win: +1.100") and lines[5].startswith("  * a tie: ")
