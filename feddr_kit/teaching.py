@@ -465,7 +465,8 @@ def _local_updates(global_model: torch.nn.Module, data, partition, runs: dict[st
             model.load_state_dict(global_state)  # ... but the shared global weights, head included
         except RuntimeError as err:
             raise FeddrKitError(f"{name} changes the architecture, so it cannot start from this global model") from err
-        model.head.weight.requires_grad_(not algo.head_frozen)
+        model.requires_grad_(True)  # the body always trains (a model from fk.load_model comes frozen) ...
+        model.head.weight.requires_grad_(not algo.head_frozen)  # ... the head as the algorithm says
         if model.head.bias is not None:
             model.head.bias.requires_grad_(not algo.head_frozen)
         g_view = probe_view(teacher, algo, data, px, py)

@@ -121,9 +121,12 @@ def _papermill_results(chapter: str, parameters: dict, tmp_path: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
 def test_chapter_03_under_papermill(tmp_path):
-    """Slow (about 1 min on 2 CPU cores): chapter 03 with 4 rounds, one seed and one same-model draw runs its
-    seeds itself (the parameters differ from results/ch03_04_probes.json) and writes results.json."""
-    results = _papermill_results("03_dr_forgets_unseen", {"rounds": 4, "same_model_draws": 1, "probe_samples": 200,
+    """Slow (about 2 min on 2 CPU cores): chapter 03 with 4 rounds, one seed, one same-model draw and a small
+    wipe-out table runs its seeds itself (the parameters differ from results/ch03_04_probes.json) and writes
+    results.json."""
+    # a constant lr: with the default schedule the only probed round (the last) would train at lr / 100
+    results = _papermill_results("03_dr_forgets_unseen", {"rounds": 4, "lr_gamma": 1.0, "same_model_draws": 1, "probe_samples": 200,
+                                                          "wipe_shards": [5], "wipe_lr_fractions": [1.0, 0.01],
                                                           "seeds": [0], "seed": 0}, tmp_path)
     assert results["config"]["parameters"]["rounds"] == 4 and results["config"]["seeds_from"] == "this run"
     assert set(results["config"]["runs"]) == {"CE (fedavg)", "DR (dr)"}
@@ -132,8 +135,9 @@ def test_chapter_03_under_papermill(tmp_path):
         for key in ("align_obs", "align_unobs", "acc_obs", "acc_unobs", "align_gap_obs", "acc_gap_unobs"):
             assert isinstance(runs[label][key], float)
         assert 0.0 <= results["results"]["global_acc"][label]["final_acc"] <= 1.0
-    for lr in ("0.01", "0.003"):
-        assert set(results["results"]["same_global_model"][lr]) == {"CE, head trained", "CE, frozen ETF", "DR, frozen ETF"}
+    for lrs in ("own lrs", "shared lr 0.1"):
+        assert set(results["results"]["same_global_model"][lrs]) == {"CE, head trained", "CE, frozen ETF", "DR, frozen ETF"}
+    assert set(results["results"]["wipe_out"]) == {"s=5, lr x 1", "s=5, lr x 0.01"}
     # one seed: every comparison is untestable, none is decided
     assert {c["verdict"] for c in results["results"]["claims"]} == {"untestable here"}
 
@@ -141,16 +145,20 @@ def test_chapter_03_under_papermill(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
 def test_chapter_04_under_papermill(tmp_path):
-    """Slow (about 1 min on 2 CPU cores): chapter 04 with 4 rounds, one seed and a 3-value beta sweep writes results.json."""
+    """Slow (about 2 min on 2 CPU cores): chapter 04 with 4 rounds, one seed and a 3-value beta sweep (with its
+    control arm) writes results.json."""
     results = _papermill_results("04_feature_distillation", {"rounds": 4, "beta_grid": [1.0, 0.5], "probe_samples": 200,
                                                              "seeds": [0], "seed": 0}, tmp_path)
     assert results["config"]["parameters"]["rounds"] == 4 and results["config"]["seeds_from"] == "this run"
-    # the sweep always adds plain DR (1.0) and FedDr+'s beta (0.9) to the grid it is given
-    assert sorted(float(b) for b in results["results"]["beta_sweep_one_round"]) == [0.5, 0.9, 1.0]
+    # the sweep always adds plain DR (1.0) and FedDr+'s beta (0.9) to the grid it is given; the control runs at every beta
+    sweep = results["results"]["beta_sweep_one_round"]
+    assert sorted(float(b) for b in sweep["FedDr+"]) == [0.5, 0.9, 1.0] == sorted(float(b) for b in sweep["DR lr×β"])
+    assert set(results["config"]["runs"]) == {"DR (dr)", "FedDr+ (beta=0.9)", "DR lr×β (control)"}
     for label, acc in results["results"]["global_acc"].items():
         assert 0.0 <= acc["final_acc"] <= 1.0, label
     claims = {c["claim"]: c for c in results["results"]["claims"]}
-    assert claims["FedDr+'s global model more accurate than DR's (final round)"]["verdict"] == "untestable here"
+    for vs in ("vs DR", "vs control"):
+        assert claims[f"FedDr+'s global model more accurate (final round), {vs}"]["verdict"] == "untestable here"
 
 
 @pytest.mark.slow
@@ -289,6 +297,20 @@ def test_local_round_probes_on_synthetic_data(tmp_path):
         teaching.local_round_probes(model, data, part, ["fedetf"], clients=[0], local_epochs=1, probe_samples=40)
     path = teaching.save_results(tmp_path, {"x": float("nan")}, {"a": 1})
     assert json.loads(path.read_text()) == {"results": {"x": None}, "config": {"a": 1}, "units": teaching.RESULT_UNITS}
+
+
+def test_local_round_probes_train_a_frozen_global_model():
+    """A model from fk.load_model comes with requires_grad off; the local round must still train its body
+    (identical to starting from the same weights with gradients on), and leave the given model as it was."""
+    from feddr_kit import teaching
+
+    data, part, model = _synthetic_etf_model()
+    live = teaching.local_round_probes(model, data, part, {"DR": "dr"}, clients=[0], local_epochs=1, probe_samples=40)
+    model.requires_grad_(False)
+    frozen = teaching.local_round_probes(model, data, part, {"DR": "dr"}, clients=[0], local_epochs=1, probe_samples=40)
+    assert (frozen["feat_dist_obs"] > 0).all()
+    assert frozen["feat_dist_obs"].tolist() == live["feat_dist_obs"].tolist()
+    assert not any(p.requires_grad for p in model.parameters())
 
 
 # ----------------------------------------------------------------------------- chapters 03/04 over seeds
