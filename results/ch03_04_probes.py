@@ -20,7 +20,9 @@ seed is then collected into
   a fraction of its own default lr (what sets how much of the unobserved classes a round wipes out);
 * ``results/ch04_beta_sweep.csv``: one row per (seed, β, client);
 * ``results/ch03_04_probes.json``: the settings, which the chapters compare with their parameters
-  (a chapter run with other parameters reruns the seeds itself instead of loading these files).
+  (a chapter run with other parameters reruns the seeds itself instead of loading these files);
+* ``results/ch03_dr_model_seed2.pt`` and its ``.json`` (``fk.export``): seed 2's final DR global model,
+  where chapter 03's drill-down starts (its default ``seed``), so that a fresh clone needs no training.
 
 The settings below must stay equal to the defaults of the chapters' parameters cells.
 """
@@ -51,6 +53,7 @@ CONTROL = "DR lr×β (control)"
 RUNS = {"CE (fedavg)": "fedavg", "DR (dr)": "dr", "FedDr+ (beta=0.9)": "feddr+", CONTROL: "dr"}
 FOLDERS = {"CE (fedavg)": "ce", "DR (dr)": "dr", "FedDr+ (beta=0.9)": "feddrplus", CONTROL: "dr_beta_scaled"}
 SAME = {"CE, head trained": "fedavg", "CE, frozen ETF": "fedbabu", "DR, frozen ETF": "dr"}
+MODEL_SEED = 2  # the chapters' default `seed`: its final DR model is exported for chapter 03's drill-down
 WIPE = {"CE, frozen ETF": "fedbabu", "DR, frozen ETF": "dr"}
 
 
@@ -150,6 +153,8 @@ def main() -> None:
     tables["beta_sweep"].to_csv(RESULTS / "ch04_beta_sweep.csv", index=False)
     tables["wipe"].to_csv(RESULTS / "ch03_wipe.csv", index=False)
     (RESULTS / "ch03_04_probes.json").write_text(json.dumps({"settings": SETTINGS, "seeds": seeds}, indent=1) + "\n")
+    if (root / f"seed{MODEL_SEED}" / "dr" / "checkpoint.pt").exists():
+        fk.export.export_model(root / f"seed{MODEL_SEED}" / "dr", RESULTS / f"ch03_dr_model_seed{MODEL_SEED}.pt")
     print(f"wrote results/ch03_*.csv, results/ch04_*.csv for seeds {seeds}")
 
 
