@@ -5,6 +5,8 @@
 * A figure's ``text/plain`` fallback (``<Figure size 1400x480 with 4 Axes>``) is dropped where the
   image itself is stored: it says nothing the image does not, and its ``…0x480`` reads like a memory
   address to anyone scanning outputs for them.
+* Likewise a generated Markdown output's fallback (``<IPython.core.display.Markdown object>``): the
+  rendered text is stored beside it.
 
     python notebooks/clean_outputs.py notebooks/03_dr_forgets_unseen.ipynb [...]
 """
@@ -14,7 +16,7 @@ import nbformat
 
 
 def clean(path: str) -> None:
-    """Rewrite the notebook at ``path`` without widget outputs, widget state or figure text fallbacks."""
+    """Rewrite the notebook at ``path`` without widget outputs, widget state or figure and Markdown text fallbacks."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         if cell.cell_type != "code":
@@ -25,6 +27,8 @@ def clean(path: str) -> None:
             if "application/vnd.jupyter.widget-view+json" in data:
                 continue
             if "image/png" in data and str(data.get("text/plain", "")).startswith("<Figure size"):
+                del data["text/plain"]
+            if "text/markdown" in data and str(data.get("text/plain", "")).startswith("<IPython.core.display.Markdown"):
                 del data["text/plain"]
             outputs.append(out)
         cell.outputs = outputs
