@@ -86,7 +86,8 @@ def export_model(run_dir: str | Path, to: str | Path) -> Path:
             "num_classes": data.num_classes, "classes": list(data.classes), "image_shape": list(data.image_shape),
             "normalization": {"mean": data.mean.tolist(), "std": data.std.tolist(),
                               "formula": "(x / 255 - mean) / std per channel, x uint8 [B, 3, H, W]"},
-            "round": int(ckpt["next_round"]), "config": cfg.to_dict()}
+            # the run's folder on the exporting machine means nothing where the file is read
+            "round": int(ckpt["next_round"]), "config": cfg.replace(out_dir=None).to_dict()}
     write_json(sidecar(to), info)
     return sidecar(to)
 

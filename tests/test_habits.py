@@ -257,6 +257,7 @@ def test_export_writes_weights_alone_and_load_model_rebuilds_the_net(tmp_path, s
     weights = torch.load(tmp_path / "model.pt", weights_only=True)  # no pickled code needed
     info = json.loads((tmp_path / "model.json").read_text())
     assert info["model"] == "cnn" and info["config"]["algorithm"] == "feddr+" and len(info["classes"]) == 10
+    assert info["config"]["out_dir"] is None  # no path of the exporting machine travels with the file
     model = fk.load_model(tmp_path / "model.pt")
     assert isinstance(model, fk.models.Net) and set(weights) == set(model.state_dict())
     x = synthetic.normalize(synthetic.test_x[:20])
