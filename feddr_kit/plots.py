@@ -217,7 +217,8 @@ def trajectory_plot(trajectories, V, y: int = 0, axes=None):
     axes[1].set_title(f"alignment with the true class $v_{y}$")
     axes[1].set_xlabel("gradient step")
     axes[1].set_ylabel("cosine")
-    axes[1].legend()
+    # below the panel: inside it, any corner covers one of the four curves for some start
+    axes[1].legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize="x-small")
     axes[2].set_title("feature norm $\\|h\\|$")
     axes[2].set_xlabel("gradient step")
     axes[2].set_ylabel("norm")
