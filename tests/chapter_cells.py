@@ -16,6 +16,13 @@ import nbformat
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
+def cifar10_available() -> bool:
+    """True when $FEDDR_DATA_DIR (tests/conftest.py sets it) holds CIFAR-10. Here rather than imported from
+    conftest: pytest also collects notebooks/conftest.py, so ``from conftest import`` is ambiguous."""
+    root = Path(os.environ.get("FEDDR_DATA_DIR", NOTEBOOKS.parent / "data"))
+    return (root / "cifar-10-batches-py").is_dir() or (root / "cifar10-jpeg").is_dir()
+
+
 def notebook(chapter: str) -> nbformat.NotebookNode:
     return nbformat.read(NOTEBOOKS / f"{chapter}.ipynb", as_version=4)
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import pytest
 
-from chapter_cells import NOTEBOOKS, code as _cells, exec_cells as _exec_cells, run as _run
-from conftest import cifar10_available
+from chapter_cells import NOTEBOOKS, cifar10_available, code as _cells, exec_cells as _exec_cells, run as _run
 
 
 def test_chapter_07_claims_table_leads_with_its_verdicts_and_pins_its_prose():

@@ -7,8 +7,9 @@ import sys
 import pandas as pd
 import pytest
 
-from conftest import REPO_ROOT, cifar10_available
+from chapter_cells import NOTEBOOKS, cifar10_available
 
+REPO_ROOT = NOTEBOOKS.parent
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import gpu_check  # noqa: E402
 
