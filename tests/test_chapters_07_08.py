@@ -5,6 +5,8 @@ notebooks/. What every results chapter does alike is in test_results_chapters.py
 from __future__ import annotations
 
 import json
+
+import nbformat
 import pytest
 
 from chapter_cells import NOTEBOOKS, cifar10_available, code as _cells, exec_cells as _exec_cells, run as _run
