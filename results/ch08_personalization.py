@@ -215,4 +215,4 @@ def write(root: Path, gfl_root: Path) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(f"{__file__} is archived; run results/ch08_personalization.py instead")
+    main()

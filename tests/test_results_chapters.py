@@ -4,7 +4,10 @@ says so at the top with its new-scale sweep's progress."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -58,3 +61,23 @@ def test_old_scale_banner_and_new_sweep_progress_near_the_top(chapter):
     progress = next(c for c in cells[:8] if f'_sweeps.progress("{SCRIPTS[chapter]}")' in c.source)
     printed = "".join(o.get("text", "") for o in progress.outputs)
     assert re.search(r"new-scale sweep \(results/runs/\w+\): (\d+ of \d+ runs finished|not started)", printed), printed
+
+
+@pytest.mark.parametrize("chapter", SCRIPTS)
+def test_sweep_script_starts_and_its_archive_refuses(chapter):
+    """Each chapter's sweep script parses its command line (``--help`` does nothing else), while an
+    archived old-scale script, if one is left, refuses to run: its runs would land in the new sweep's folders."""
+    results = NOTEBOOKS.parent / "results"
+
+    def start(path, *args):  # as a user starts it, with results/ importable for the archive's imports
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(NOTEBOOKS.parent), str(results)])}
+        return subprocess.run([sys.executable, str(path), *args], cwd=NOTEBOOKS.parent, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    out = start(results / f"{SCRIPTS[chapter]}.py", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "usage:" in out.stdout and "archived" not in out.stdout + out.stderr
+    archived = results / "old_scale" / f"{SCRIPTS[chapter]}.py"
+    if archived.is_file():
+        out = start(archived)
+        assert out.returncode != 0 and "is archived" in out.stderr
