@@ -1,6 +1,6 @@
 """Chapters 05 and 06 name the paper's tables by label, drive every exercise through a parameter, and
-flag comparisons against a baseline that has not been shown to learn; chapter 05 reads its complete
-teaching-scale sweep. The cells are executed in a subprocess (they change ``sys.path`` and import the
+flag comparisons against a baseline that has not been shown to learn; both read their complete
+teaching-scale sweeps. The cells are executed in a subprocess (they change ``sys.path`` and import the
 sweep scripts), up to the live slice, so nothing trains. What every results chapter does alike is in
 test_results_chapters.py.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import textwrap
 
 import pytest
 
@@ -48,23 +49,41 @@ def test_claims_name_their_baseline_and_the_prose_pins_pass(chapter):
     assert above and set(above) <= {"yes", "no: reaches chance"} and len(above) == len(verdicts)
 
 
-def test_chapter_05_reads_the_teaching_scale_sweep_complete():
-    """Chapter 05 says no word of the old scale, and its CSV holds every planned run at the teaching scale."""
-    text = "\n".join(c.source for c in _nb("05_nine_algorithms").cells)
-    assert "old_scale" not in text and "SWEEP_SCALE" not in text and "TEACHING_SCALE" in text
+@pytest.mark.parametrize("chapter, runs", [("05_nine_algorithms", 54), ("06_regularizer_synergy", 42)])
+def test_chapter_reads_the_teaching_scale_sweep_complete(chapter, runs):
+    """The chapter says no word of the old scale, and its CSV holds every planned run at the teaching scale."""
+    text = "\n".join(c.source for c in _nb(chapter).cells)
+    assert "old_scale" not in text and "SWEEP_SCALE" not in text and "Old-scale" not in text
     tail = "import json; print(json.dumps([bool(ns['complete']), ns['SCALE']['model'], len(ns['runs'])]))"
-    out = _run(_exec_cells(_until_slice("05_nine_algorithms"), tail), NOTEBOOKS)
+    out = _run(_exec_cells(_until_slice(chapter), tail), NOTEBOOKS)
     assert out.returncode == 0, out.stderr
     complete, model, n = json.loads(out.stdout.strip().splitlines()[-1])
-    assert complete and model == "cnn_bn" and n == 54
+    assert complete and model == "cnn_bn" and n == runs
 
 
-def test_chapter_05_seeds_parameter_keeps_only_those_seeds():
-    """Exercise 2: two seeds widen the intervals (t quantile 12.71) and flag more baselines."""
+def test_chapter_06_controls_take_the_beta_scaled_step():
+    """Every control run of chapter 06 has no regularizer and its method's lr0 times beta, and each
+    regularized cell has a gain over the method alone and over the control for every seed."""
+    tail = textwrap.dedent("""
+        import json
+        c = ns['runs'][ns['runs']['cell'] == ns['CONTROL']]
+        print(json.dumps([sorted(set(c['regularizer'])), sorted(set(c['algorithm'])),
+                          sorted({d.n for d in ns['gain_iv'].values()} | {d.n for d in ns['control_iv'].values()}),
+                          float(ns['SWEEP_BETA'])]))
+    """)
+    out = _run(_exec_cells(_until_slice("06_regularizer_synergy"), tail), NOTEBOOKS)
+    assert out.returncode == 0, out.stderr
+    regs, methods, ns_, beta = json.loads(out.stdout.strip().splitlines()[-1])
+    assert regs == ["none"] and methods == ["dr", "fedavg"] and ns_ == [3] and beta == 0.9
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_seeds_parameter_keeps_only_those_seeds(chapter):
+    """Two seeds widen the intervals (t quantile 12.71) and flag at least as many baselines."""
     tail = ("import json; t = ns['claims_table']; print(json.dumps([sorted(set(ns['runs']['seed'])), "
             "int((t['baseline above chance?'] != 'yes').sum()), int(ns['expected'])]))")
-    default = _run(_exec_cells(_until_slice("05_nine_algorithms"), tail), NOTEBOOKS)
-    two = _run(_exec_cells(_until_slice("05_nine_algorithms", "seeds = [0, 1]"), tail), NOTEBOOKS)
+    default = _run(_exec_cells(_until_slice(chapter), tail), NOTEBOOKS)
+    two = _run(_exec_cells(_until_slice(chapter, "seeds = [0, 1]"), tail), NOTEBOOKS)
     assert default.returncode == 0 and two.returncode == 0, default.stderr + two.stderr
     (seeds3, flagged3, expected3), (seeds2, flagged2, expected2) = (json.loads(o.stdout.strip().splitlines()[-1])
                                                                     for o in (default, two))

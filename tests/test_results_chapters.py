@@ -18,7 +18,7 @@ from chapter_cells import NOTEBOOKS, code, exec_cells, notebook, run
 SCRIPTS = {"05_nine_algorithms": "ch05_algorithms", "06_regularizer_synergy": "ch06_synergy",
            "07_sensitivity": "ch07_sensitivity", "08_personalization": "ch08_personalization"}
 # where each chapter's script and CSV live: results/ once its teaching-scale sweep is complete
-EVIDENCE = {"05_nine_algorithms": "", "06_regularizer_synergy": "old_scale", "07_sensitivity": "old_scale",
+EVIDENCE = {"05_nine_algorithms": "", "06_regularizer_synergy": "", "07_sensitivity": "old_scale",
             "08_personalization": "old_scale"}
 OLD_SCALE = [c for c, where in EVIDENCE.items() if where == "old_scale"]
 
