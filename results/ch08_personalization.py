@@ -84,6 +84,10 @@ def run_item(item, root: Path, gfl_root: Path, data, wait: bool, gfl_run: list[s
     kind, setting, seed, what = item
     base = {**fk.sweep.TEACHING_SCALE, **SETTINGS[setting]}
     if kind == "pfl":
+        for run in (root / slug(setting) / "pfl").glob(f"algorithm=*__seed={seed}"):
+            if (run / "summary.json").exists() and not (run / "clients.csv").exists() and not (run / "checkpoint.pt").exists():
+                # finished elsewhere without its per-client table, and git keeps no model: train it again
+                (run / "summary.json").unlink()
         fk.sweep.run({**base, **PFL_BASE}, {"algorithm": PFL_ALGORITHMS}, [seed], root / slug(setting) / "pfl",
                      data=data, progress=False)
         for run in (root / slug(setting) / "pfl").glob(f"algorithm=*__seed={seed}"):

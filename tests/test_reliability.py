@@ -435,17 +435,24 @@ def test_fault_drill_kill9_then_resume_equals_an_uninterrupted_run(tmp_path):
     args = ["--rounds", "8", "--algorithm", "feddr+", "--probes", "true", "--probe-samples", "50"]
     rc, _, err = cli(*args, "--out-dir", "straight", cwd=tmp_path)
     assert rc == 0, err
-    # Kill moments are drawn within the first half of the training time the uninterrupted run took, so
-    # each killed run still had work left whatever the machine's speed.
-    window = 0.5 * json.loads((tmp_path / "straight" / "summary.json").read_text())["total_seconds"]
+    # Kill moments are drawn from the run's progress, not from wall time, so that a loaded machine
+    # cannot turn the drill into runs that finish before their kill: each killed run is first let past
+    # the next one or two rounds (never the last two), then killed at a random moment
+    # within the next half round (mid-training or mid-checkpoint-write).
+    rounds = 8
+    half_round = 0.5 * json.loads((tmp_path / "straight" / "summary.json").read_text())["total_seconds"] / rounds
     drilled, rng, kills = tmp_path / "drilled", random.Random(0), 0
     deadline = time.monotonic() + 240
     while kills < 5 and time.monotonic() < deadline:
+        done = _rounds_saved(drilled)
+        if done > rounds - 3:
+            break
+        target = min(rounds - 2, done + rng.randint(1, 2))
         again = ["--resume"] if (drilled / "checkpoint.pt").exists() else ["--overwrite"]
         proc = start(*args, *again, "--out-dir", "drilled", cwd=tmp_path)
-        while proc.poll() is None and f"pid {proc.pid}" not in _read(drilled / ".lock"):
-            time.sleep(0.02)  # wait until it owns the folder, then kill it at a random moment of the run
-        time.sleep(rng.uniform(0.0, window))
+        while proc.poll() is None and _rounds_saved(drilled) < target:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, half_round))
         if proc.poll() is not None:
             break  # it finished before the kill
         proc.send_signal(signal.SIGKILL)
@@ -462,6 +469,12 @@ def test_fault_drill_kill9_then_resume_equals_an_uninterrupted_run(tmp_path):
     wb = torch.load(drilled / "checkpoint.pt", weights_only=False)["global_state"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not list(drilled.glob("*.tmp")) and not list(drilled.glob(".*.tmp")) and not (drilled / ".lock").exists()
+
+
+def _rounds_saved(folder: Path) -> int:
+    """How many rounds ``folder``'s history.csv holds (0 when it has none yet, or is being replaced)."""
+    text = _read(folder / "history.csv")
+    return max(0, len(text.splitlines()) - 1)
 
 
 def _read(path: Path) -> str:
