@@ -629,6 +629,29 @@ def paired_difference(df: pd.DataFrame, a: Mapping[str, Any], b: Mapping[str, An
     return difference(x[common].to_numpy(), y[common].to_numpy(), paired=True, confidence=confidence)
 
 
+def baseline_columns(df: pd.DataFrame, baselines: Sequence[tuple[str, Mapping[str, Any]]], chance: float,
+                     band: float = 0.0, value: str = "final_acc", confidence: float = 0.95) -> pd.DataFrame:
+    """What a claims table says about each claim's baseline: whether it learned at all, since beating a
+    model that sits at chance is no win. ``baselines``: one ``(label, where)`` per claim, ``where``
+    selecting the baseline's runs as in :func:`seed_values`. Returns a DataFrame with one row per
+    baseline and two columns: ``"baseline final acc (95 % interval)"`` (``"<label> 45.1 [43.0, 47.2] %"``;
+    ``"<label> 45.1 % (n=1)"`` for one seed; ``"—"`` with no run) and ``"baseline above chance?"``
+    (``"yes"`` when the interval's low end is at least ``chance + band``, else ``"no: reaches chance"``;
+    ``"no run"``)."""
+    rows = []
+    for label, where in baselines:
+        values = seed_values(df, where, value)
+        if values.empty:
+            rows.append(("—", "no run"))
+            continue
+        iv = interval(values.to_numpy(), confidence)
+        text = (f"{label} {100 * iv.mean:.1f} [{100 * iv.low:.1f}, {100 * iv.high:.1f}] %" if math.isfinite(iv.half_width)
+                else f"{label} {100 * iv.mean:.1f} % (n={iv.n})")
+        rows.append((text, "yes" if iv.low >= chance + band else "no: reaches chance"))
+    return pd.DataFrame(rows, columns=[f"baseline final acc ({confidence:.0%} interval)".replace("%", " %"),
+                                       "baseline above chance?"])
+
+
 def intervals(df: pd.DataFrame, by: str | Sequence[str], value: str = "final_acc",
               confidence: float = 0.95) -> pd.DataFrame:
     """Mean and t interval over seeds (``fk.stats.interval``) of ``value`` per group of ``by``: one row

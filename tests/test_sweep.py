@@ -305,6 +305,22 @@ def test_interval_table_and_paired_difference_are_t_intervals_over_seeds():
         sweep.seed_values(df, {"algorithm": "a"})
 
 
+def test_baseline_columns_say_whether_a_baseline_learned():
+    df = pd.DataFrame({"algorithm": ["a"] * 3 + ["b"] * 3 + ["c"], "seed": [0, 1, 2, 0, 1, 2, 0],
+                       "final_acc": [0.40, 0.42, 0.44, 0.10, 0.13, 0.16, 0.5]})
+    out = sweep.baseline_columns(df, [("a", {"algorithm": "a"}), ("b here", {"algorithm": "b"}),
+                                      ("c", {"algorithm": "c"}), ("d", {"algorithm": "d"})], chance=0.1, band=0.02)
+    assert list(out.columns) == ["baseline final acc (95 % interval)", "baseline above chance?"]
+    # a: 42 ± 4.97 (t2 · 2 / √3); b: 13 ± 7.45, whose low end (5.5 %) is below chance + band
+    assert out.iloc[0].tolist() == ["a 42.0 [37.0, 47.0] %", "yes"]
+    assert out.iloc[1].tolist() == ["b here 13.0 [5.5, 20.5] %", "no: reaches chance"]
+    assert out.iloc[2].tolist() == ["c 50.0 % (n=1)", "no: reaches chance"]  # one seed shows nothing
+    assert out.iloc[3].tolist() == ["—", "no run"]
+    # the band decides: a's low end (37.0 %) against chance 0.3 with and without a 0.1 band
+    assert sweep.baseline_columns(df, [("a", {"algorithm": "a"})], chance=0.3).iloc[0, 1] == "yes"
+    assert sweep.baseline_columns(df, [("a", {"algorithm": "a"})], chance=0.3, band=0.1).iloc[0, 1] == "no: reaches chance"
+
+
 PAPER_TEX = REPO.parent / "shared" / "paper" / "feddr-plus-paper.tex"
 
 
