@@ -1,6 +1,7 @@
-"""Chapters 07 and 08 keep their prose's claims tied to their evidence (the archived old-scale sweep,
-results/old_scale/, until their teaching-scale sweeps complete); their cells run in a subprocess from
-notebooks/. What every results chapter does alike is in test_results_chapters.py.
+"""Chapters 07 and 08 keep their prose's claims tied to their evidence (chapter 07: the archived old-scale
+sweep, results/old_scale/, until its teaching-scale sweep completes; chapter 08: its complete teaching-scale
+sweep); their cells run in a subprocess from notebooks/. What every results chapter does alike is in
+test_results_chapters.py.
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 import nbformat
 import pytest
 
-from chapter_cells import NOTEBOOKS, cifar10_available, code as _cells, exec_cells as _exec_cells, run as _run
+from chapter_cells import NOTEBOOKS, cifar10_available, code as _cells, exec_cells as _exec_cells, markdown as _markdown, \
+    notebook as _nb, run as _run
 
 
 def test_chapter_07_claims_table_leads_with_its_verdicts_and_pins_its_prose():
@@ -29,14 +31,38 @@ def test_chapter_07_claims_table_leads_with_its_verdicts_and_pins_its_prose():
 @pytest.mark.slow
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
 def test_chapter_08_live_slice_under_papermill(tmp_path):
-    """Slow (1-3 min on 2 CPU cores): chapter 08's rerun path (old-scale global runs of 1 round,
-    fine-tuned as the archived script did) executes end to end, skipping the prose's pins."""
+    """Slow (1-3 min on 2 CPU cores): chapter 08's rerun path (teaching-scale global runs of 1 round,
+    fine-tuned for one epoch the way the sweep fine-tunes) executes end to end, skipping the prose's pins."""
     import papermill
 
     out = tmp_path / "08.ipynb"
     papermill.execute_notebook(str(NOTEBOOKS / "08_personalization.ipynb"), str(out),
-                               parameters={"rerun": True, "rerun_rounds": 1, "demo_rounds": 1},
+                               parameters={"rerun": True, "rerun_rounds": 1, "ft_epochs": 1, "demo_rounds": 1},
                                cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False)
     nb = nbformat.read(out, as_version=4)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "2 (setting, method, seed) cells, 200 client rows" in text
+
+
+@pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR (section 4 counts its partitions)")
+def test_chapter_08_reads_the_teaching_scale_sweep_complete_and_pins_its_prose():
+    """Every code cell but the live slice (``rerun`` is False): the CSV holds every planned row at the
+    teaching scale with three seeds, the cell that pins the prose passes, and the local-only comparison
+    has a verdict in each setting."""
+    text = "\n".join(c.source for c in _nb("08_personalization").cells)
+    assert "old_scale" not in text and "SWEEP_SCALE" not in text and "Old-scale" not in text
+    tail = ("import json; v = ns['verdicts']; print(json.dumps([bool(ns['complete']), ns['SCALE']['model'], "
+            "len(ns['summary']), sorted(map(int, set(ns['summary']['seed']))), "
+            "sorted(v.loc[v['claim'] == 'FedDr+ FT beats local-only DR', 'setting'])]))")
+    out = _run(_exec_cells(_cells("08_personalization"), tail), NOTEBOOKS)
+    assert out.returncode == 0, out.stderr
+    complete, model, rows, seeds, local = json.loads(out.stdout.strip().splitlines()[-1])
+    assert complete and model == "cnn_bn" and rows == 66 and seeds == [0, 1, 2]
+    assert [w.split(",")[0] for w in local] == ["CIFAR-10 s=2", "CIFAR-10 α=0.1"]
+
+
+def test_chapter_08_exercises_run_from_a_fresh_clone():
+    """The exercises train what they need (``teaching_global``, the toy problem); none reads a run folder."""
+    text = _markdown("08_personalization")
+    exercises = text[text.index("## Exercises"):]
+    assert "teaching_global(" in exercises and "runs/" not in exercises and "checkpoint" not in exercises

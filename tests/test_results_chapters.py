@@ -19,7 +19,7 @@ SCRIPTS = {"05_nine_algorithms": "ch05_algorithms", "06_regularizer_synergy": "c
            "07_sensitivity": "ch07_sensitivity", "08_personalization": "ch08_personalization"}
 # where each chapter's script and CSV live: results/ once its teaching-scale sweep is complete
 EVIDENCE = {"05_nine_algorithms": "", "06_regularizer_synergy": "", "07_sensitivity": "old_scale",
-            "08_personalization": "old_scale"}
+            "08_personalization": ""}
 OLD_SCALE = [c for c, where in EVIDENCE.items() if where == "old_scale"]
 
 
