@@ -62,14 +62,8 @@ BOOKKEEPING = frozenset({"out_dir", "progress", "tensorboard", "overwrite", "dev
 MAX_NAME = 120
 DONE, PARTIAL, FAILED, UNREADABLE = "done", "partial", "failed", "unreadable"
 
-# The results chapters' scale (05-08): the teaching setting (real CIFAR-10, 100 clients, cnn) with a
-# twentieth of its local work, so a 100-run grid fits about an hour of 2 CPU cores. 20 rounds of 5
-# clients for 1 epoch: each run sees 100 client visits, about 1,000 SGD steps (25-50 s on one core).
-SWEEP_SCALE: dict[str, Any] = {"dataset": "cifar10", "model": "cnn", "num_clients": 100, "rounds": 20,
-                               "clients_per_round": 5, "local_epochs": 1, "eval_every": 5}
-
 # The teaching scale (``Config()``'s defaults: ``cnn_bn``, 120 rounds of 10 of 100 clients, 1 local epoch,
-# chosen by the criteria in docs/teaching_scale.md), which the results chapters' sweeps are moving to: a
+# chosen by the criteria in docs/teaching_scale.md), the scale of the results chapters' sweeps: a
 # default run takes 3-4 minutes on 2 CPU cores. Read from ``Config`` so the two never disagree.
 TEACHING_SCALE: dict[str, Any] = {k: getattr(Config(), k) for k in
                                   ("dataset", "model", "num_clients", "rounds", "clients_per_round", "local_epochs",
