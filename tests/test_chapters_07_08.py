@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from chapter_cells import NOTEBOOKS, cifar10_available, code as _cells, exec_cells as _exec_cells, markdown as _markdown, \
-    notebook as _nb, run as _run
+    run as _run
 
 
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR (section 1 counts its partitions)")
@@ -18,8 +18,6 @@ def test_chapter_07_reads_the_teaching_scale_sweep_complete_and_pins_its_prose()
     """The cells up to the live slice (no training): the CSV holds every planned run at the teaching scale
     with three seeds, the claims table is sorted held, did not hold, ties, untestable, and the cell that
     pins the prose's numbers passes."""
-    text = "\n".join(c.source for c in _nb("07_sensitivity").cells)
-    assert "old_scale" not in text and "SWEEP_SCALE" not in text and "Old-scale" not in text
     cells = _cells("07_sensitivity")
     stop = next(i for i, s in enumerate(cells) if s.startswith("slice_base"))
     assert any(s.startswith("# The paragraph above, pinned") for s in cells[:stop])
@@ -55,8 +53,6 @@ def test_chapter_08_reads_the_teaching_scale_sweep_complete_and_pins_its_prose()
     """Every code cell but the live slice (``rerun`` is False): the CSV holds every planned row at the
     teaching scale with three seeds, the cell that pins the prose passes, and the local-only comparison
     has a verdict in each setting."""
-    text = "\n".join(c.source for c in _nb("08_personalization").cells)
-    assert "old_scale" not in text and "SWEEP_SCALE" not in text and "Old-scale" not in text
     tail = ("import json; v = ns['verdicts']; print(json.dumps([bool(ns['complete']), ns['SCALE']['model'], "
             "len(ns['summary']), sorted(map(int, set(ns['summary']['seed']))), "
             "sorted(v.loc[v['claim'] == 'FedDr+ FT beats local-only DR', 'setting'])]))")

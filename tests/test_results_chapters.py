@@ -1,5 +1,6 @@
 """What every results chapter (05-08) does alike: it finds its sweep script and CSVs in results/ from
-notebooks/, says in one line when results/ is not beside it, and its script starts."""
+notebooks/, says in one line when results/ is not beside it, says no word of the old scale (the small cnn
+of the first sweeps, now deleted), and its script starts."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chapter_cells import NOTEBOOKS, code, exec_cells, run
+from chapter_cells import NOTEBOOKS, code, exec_cells, notebook, run
 
 SCRIPTS = {"05_nine_algorithms": "ch05_algorithms", "06_regularizer_synergy": "ch06_synergy",
            "07_sensitivity": "ch07_sensitivity", "08_personalization": "ch08_personalization"}
@@ -48,6 +49,12 @@ def test_chapter_without_results_beside_it_says_so_in_one_line(chapter, tmp_path
 
 
 @pytest.mark.parametrize("chapter", SCRIPTS)
+def test_chapter_says_no_word_of_the_old_scale(chapter):
+    text = "\n".join(c.source for c in notebook(chapter).cells)
+    assert "old_scale" not in text and "SWEEP_SCALE" not in text and "Old-scale" not in text
+
+
+@pytest.mark.parametrize("chapter", SCRIPTS)
 def test_sweep_script_starts(chapter):
     """Each chapter's sweep script parses its command line (``--help`` does nothing else)."""
     results = NOTEBOOKS.parent / "results"
@@ -55,4 +62,4 @@ def test_sweep_script_starts(chapter):
     out = subprocess.run([sys.executable, str(results / f"{SCRIPTS[chapter]}.py"), "--help"], cwd=NOTEBOOKS.parent,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "usage:" in out.stdout
+    assert "usage:" in out.stdout and "archived" not in out.stdout + out.stderr
