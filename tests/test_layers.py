@@ -25,7 +25,8 @@ FLOORS = {
     7: ["build"],  # the one seeded build of a run
     8: ["roundlog"],  # the record of a run
     9: ["federated"],  # the round loop
-    10: ["personalize", "sweep", "teaching", "flower_run", "flower", "export"],  # what is built on runs
+    10: ["personalize", "sweep", "teaching", "flower_run", "flower", "export",  # what is built on runs; sweeps:
+         "sweep_grid", "sweep_root", "claims", "sweep_collect", "sweep_notebooks", "sweep_run", "sweep_cli"],  # sweep.py is their face
     11: ["plots", "show", "__main__"],  # figures, results shown, the command line
 }
 FLOOR = {f"{ROOT}.{m}": floor for floor, names in FLOORS.items() for m in names}
