@@ -18,7 +18,7 @@ import pandas as pd
 from .claims import as_list, intervals
 from .errors import FeddrKitError
 from .rundir import write_text
-from .sweep_grid import plain
+from .sweep_grid import BOOKKEEPING, field_defaults, plain
 from .sweep_root import (CONFIG, DONE, ERROR, FAILED, HISTORY, PARTIAL, POINT, RUNS, SUMMARY, SWEEP, TABLE, UNREADABLE,
                          hashable, json_object, read_json, status)
 
@@ -161,13 +161,11 @@ def table(df: pd.DataFrame, rows: str | Sequence[str], cols: str | Sequence[str]
     d = d.copy()
     for k in keys:  # None (an algorithm's default) groups as its own label
         d[k] = d[k].map(lambda v: "None" if v is None or (isinstance(v, float) and math.isnan(v)) else v)
-    if "seed" in d.columns:
-        sizes = d.groupby(keys + ["seed"], sort=False).size()
-        if (sizes > 1).any():
-            crowded = sizes[sizes > 1]
-            *cell, seed = crowded.index[0]
-            raise FeddrKitError(f"cell {dict(zip(keys, cell))} holds {crowded.iloc[0]} runs with seed {seed}: a field "
-                                "outside rows/cols varies; filter df or add it to rows/cols")
+    crowded = _crowded(d, keys)
+    if crowded is not None:
+        cell, seed, runs = crowded
+        raise FeddrKitError(f"cell {cell} holds {len(runs)} runs with seed {seed}: a field "
+                            "outside rows/cols varies; filter df or add it to rows/cols")
     scale = 100.0 if (value.endswith("acc") if percent is None else percent) else 1.0
     stats = d.groupby(keys, sort=False)[value].agg(["mean", "std", "count"])
 
@@ -190,11 +188,26 @@ def table(df: pd.DataFrame, rows: str | Sequence[str], cols: str | Sequence[str]
     return wide.reindex(index=row_index, columns=col_index).fillna("—")
 
 
+def _crowded(d: pd.DataFrame, keys: list[str]) -> tuple[dict, Any, pd.DataFrame] | None:
+    """The first group of ``keys`` in ``d`` that holds two runs with one seed, as ``(its keys, the seed, those
+    runs)``, or None when every group holds one run per seed (or ``d`` has no seed column)."""
+    if "seed" not in d.columns:
+        return None
+    sizes = d.groupby(keys + ["seed"], sort=False, dropna=False).size()
+    if not (sizes > 1).any():
+        return None
+    *cell, seed = sizes[sizes > 1].index[0]
+    runs = d[(d[keys + ["seed"]].astype(str) == [str(v) for v in [*cell, seed]]).all(axis=1)]
+    return dict(zip(keys, map(plain, cell))), plain(seed), runs
+
+
 def interval_summary(root: str | Path, value: str = "final_acc", confidence: float = 0.95) -> pd.DataFrame:
     """The sweep in ``root`` as one row per grid point: its grid fields (from ``sweep.json``; else
     ``algorithm``), ``value`` (the summary field), ``mean``, ``low``, ``high``, ``half_width`` (the t
     interval over seeds, :func:`feddr_kit.claims.intervals`; accuracies as fractions) and ``n`` (seeds
-    finished). Raises :class:`FeddrKitError` when no run has finished."""
+    finished). Raises :class:`FeddrKitError` when no run has finished, or when a grid point holds two
+    finished runs with one seed (a root filled with two grids before a root held one), naming the field
+    in which they differ."""
     root = Path(root)
     df = collect(root)
     if df.empty or not (df["status"] == DONE).any():
@@ -206,6 +219,14 @@ def interval_summary(root: str | Path, value: str = "final_acc", confidence: flo
         order = {k: {json.dumps(plain(v)): i for i, v in enumerate(grid[k])} for k in by}
         df = df.sort_values(by, kind="stable", key=lambda col: col.map(
             lambda v: order[col.name].get(json.dumps(plain(v)), len(order[col.name]))))
+    crowded = _crowded(df[df["status"] == DONE], by)
+    if crowded is not None:  # a root that older sweeps filled with two grids: never pooled as seeds
+        point, seed, runs = crowded
+        differ = [k for k in field_defaults() if k in runs and k not in BOOKKEEPING and k != "seed"
+                  and runs[k].astype(str).nunique() > 1]
+        raise FeddrKitError(f"grid point {point} of {root} holds {len(runs)} runs with seed {seed}, which differ in "
+                            f"{', '.join(differ) or 'no config field'} ({', '.join(runs['name'])}): the root holds the "
+                            "runs of more than one grid; move each grid's folders to a root of its own")
     out = intervals(df, by, value, confidence)
     out.insert(len(by), "value", value)
     return out

@@ -22,7 +22,7 @@ from .federated import run as run_one
 from .rundir import CHECKPOINT, write_json, write_text
 from .sweep_collect import collect, in_grid_order, write_tables
 from .sweep_grid import expand, plain, run_dir_name
-from .sweep_root import CONFIG, DONE, ERROR, FAILED, HISTORY, POINT, SWEEP, mismatch, status
+from .sweep_root import CONFIG, DONE, ERROR, FAILED, HISTORY, POINT, mismatch, starting, status
 
 
 def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], seeds: Sequence[int],
@@ -36,7 +36,9 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
     on; it is skipped next time unless ``retry_failed``. The dataset is loaded once per distinct
     ``(dataset, data_path)``, or ``data`` is used for every run. ``progress``: one bar over the runs
     and a line per run (the runs' own bars are off). ``callback`` goes to every ``fk.run``.
-    Writes ``root/sweep.json``. Returns :func:`feddr_kit.sweep_collect.collect` of this sweep's folders, in
+    Writes ``root/sweep.json``; a root holds one grid: a sweep of another base, or varying other fields,
+    is refused naming both grids (:func:`feddr_kit.sweep_root.starting`), while one that adds values or
+    seeds to the same fields joins it. Returns :func:`feddr_kit.sweep_collect.collect` of this sweep's folders, in
     sweep order. Safe to kill and call again. Each folder is prepared and run under its lock
     (:func:`feddr_kit.rundir.claim`), so two sweeps at once on one root (or a sweep meeting a folder that a
     run holds) never touch each other's folders: a held folder is skipped with a line saying so and is
@@ -54,19 +56,18 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
     if data is not None and len({(c.dataset, c.data_path) for c in configs}) > 1:
         raise FeddrKitError("data= serves one dataset, but the grid spans several; leave data=None")
 
-    plan = []
-    for cfg, name in zip(configs, names):
-        folder = root / name
-        state = status(folder)
-        if state is not None:
-            why = mismatch(folder, cfg)
-            if why is not None:
-                raise FeddrKitError(f"{folder} holds another run ({why}); use a new root or delete that folder")
-        plan.append((cfg, name, folder, state))
-
-    write_json(root / SWEEP, {"base": {k: plain(v) for k, v in base_d.items()},
-                              "grid": {k: [plain(v) for v in vs] for k, vs in grid.items()},
-                              "seeds": [int(s) for s in seeds]})
+    spec = {"base": {k: plain(v) for k, v in base_d.items()}, "grid": {k: [plain(v) for v in vs] for k, vs in grid.items()},
+            "seeds": [int(s) for s in seeds]}
+    with starting(root, spec):  # one grid per root: refuses another; records this one once the folders pass
+        plan = []
+        for cfg, name in zip(configs, names):
+            folder = root / name
+            state = status(folder)
+            if state is not None:
+                why = mismatch(folder, cfg)
+                if why is not None:
+                    raise FeddrKitError(f"{folder} holds another run ({why}); use a new root or delete that folder")
+            plan.append((cfg, name, folder, state))
     todo = [p for p in plan if p[3] != DONE and (p[3] != FAILED or retry_failed)]
     bar = progress_mod.bar(len(plan), "sweep", unit="runs", initial=len(plan) - len(todo), disable=not progress)
     if progress and len(todo) < len(plan):

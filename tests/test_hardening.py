@@ -305,11 +305,11 @@ def test_histories_names_a_damaged_history_and_leaves_it_out(copy_of_swept, dama
 
 
 def test_two_grids_on_one_root_each_return_only_their_runs_in_grid_order(copy_of_swept, tiny):
-    grid = {"lr": [0.05, 0.02], "algorithm": ["fedavg"]}
-    df = fk.sweep.run({**SWEEP_BASE, "rounds": 1}, grid, [1, 0], copy_of_swept, data=tiny, progress=False)
-    assert list(df["name"]) == ["algorithm=fedavg__lr=0.05__seed=1", "algorithm=fedavg__lr=0.02__seed=1",
-                                "algorithm=fedavg__lr=0.05__seed=0", "algorithm=fedavg__lr=0.02__seed=0"]
-    assert len(fk.sweep.collect(copy_of_swept)) == 6  # the first grid's two runs are still there
+    grid = {"algorithm": ["feddr+", "fedavg"]}  # a root holds one grid: the same base and fields, more values and seeds
+    df = fk.sweep.run(SWEEP_BASE, grid, [1, 0], copy_of_swept, data=tiny, progress=False)
+    assert list(df["name"]) == ["algorithm=feddr+__seed=1", "algorithm=fedavg__seed=1",
+                                "algorithm=feddr+__seed=0", "algorithm=fedavg__seed=0"]
+    assert len(fk.sweep.collect(copy_of_swept)) == 5  # the first grid's dr run is still there
 
 
 def test_two_notebook_grids_on_one_root_each_return_only_their_runs_in_grid_order(tmp_path):

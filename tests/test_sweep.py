@@ -2,6 +2,7 @@
 and the papermill grid. Runs are tiny synthetic federations (2 rounds, 2 clients of 10)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,9 @@ def test_finished_runs_are_skipped(tmp_path, tiny, counted):
 
 def test_a_folder_holding_another_config_is_an_error(tmp_path, tiny):
     sweep.run(BASE, {"algorithm": ["fedavg"]}, [0], tmp_path, data=tiny, progress=False)
+    with pytest.raises(FeddrKitError, match="rounds=2 there but rounds=3 here"):  # the root's grid says so first
+        sweep.run({**BASE, "rounds": 3}, {"algorithm": ["fedavg"]}, [0], tmp_path, data=tiny, progress=False)
+    (tmp_path / "sweep.json").unlink()  # a root written before sweep.json existed: the folder itself says so
     with pytest.raises(FeddrKitError, match="rounds=2 there but the sweep asks rounds=3"):
         sweep.run({**BASE, "rounds": 3}, {"algorithm": ["fedavg"]}, [0], tmp_path, data=tiny, progress=False)
 
@@ -146,6 +150,74 @@ def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, tiny, monkeypatc
     assert df.loc[0, "lr"] == 0.5  # the failed run's config is still reported
     monkeypatch.setattr(sweep_run, "run_one", lambda *a, **k: pytest.fail("a failed run was retried"))
     sweep.run(BASE, {"lr": [0.5, 0.05]}, [0], tmp_path, data=tiny, progress=False)
+
+
+# --------------------------------------------------------------------------- one grid per root
+# The example of two grids that share a root: one varies the algorithm at lr 0.05, the other FedAvg's lr.
+ALGORITHMS = (BASE, {"algorithm": ["fedavg", "dr"]})
+FEDAVG_LRS = ({**BASE, "algorithm": "fedavg"}, {"lr": [0.05, 0.1]})
+
+
+def _grid_file(path: Path, base: dict, grid: dict) -> Path:
+    path.write_text(json.dumps({"base": base, "grid": grid, "seeds": [0]}))
+    return path
+
+
+def test_a_root_refuses_a_second_grid_naming_both(tmp_path, tiny):
+    sweep.run(*ALGORITHMS, [0], tmp_path, data=tiny, progress=False)
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.*")}
+    with pytest.raises(FeddrKitError) as err:
+        sweep.run(*FEDAVG_LRS, [0], tmp_path, data=tiny, progress=False)
+    message = str(err.value)
+    assert 'grid {"algorithm": ["fedavg", "dr"]}' in message and 'grid {"lr": [0.05, 0.1]}' in message, message
+    assert "vary different fields (algorithm there, lr here)" in message and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["algorithm=dr__seed=0", "algorithm=fedavg__seed=0"]
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.*")} == before  # sweep.json, runs.csv, table.csv
+    assert list(sweep.interval_summary(tmp_path)["n"]) == [1, 1]
+
+
+def test_two_grids_started_at_once_one_is_refused_and_nothing_is_pooled(tmp_path):
+    """Two command-line sweeps of the example's grids on one root at the same moment: whichever checks the
+    root first runs, the other is refused, and the root's files hold the first one's grid only."""
+    root = tmp_path / "root"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "feddr_kit", "sweep", "--grid", str(_grid_file(tmp_path / f"{i}.json", base, grid)),
+                               "--root", str(root), "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, (base, grid) in enumerate((ALGORITHMS, FEDAVG_LRS))]
+    outs = [p.communicate(timeout=600) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert sorted(codes) == [0, 2], outs
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    assert "holds the runs of another grid" in outs[loser][1] and len(outs[loser][1].splitlines()) == 1, outs[loser]
+    won = (ALGORITHMS, FEDAVG_LRS)[winner]
+    assert json.loads((root / "sweep.json").read_text())["grid"] == won[1]
+    runs = pd.read_csv(root / "runs.csv")
+    assert len(runs) == 2 and set(runs[list(won[1])[0]]) == set(list(won[1].values())[0])
+    assert list(pd.read_csv(root / "table.csv")["n"]) == [1, 1]
+
+
+def test_a_sweep_of_the_same_fields_adds_values_and_seeds(tmp_path, tiny):
+    sweep.run(BASE, {"algorithm": ["fedavg"]}, [0], tmp_path, data=tiny, progress=False)
+    # another device or progress setting is bookkeeping: the same grid
+    df = sweep.run({**BASE, "device": "cpu", "progress": False}, {"algorithm": ["dr", "fedavg"]}, [1, 0], tmp_path,
+                   data=tiny, progress=False)
+    assert list(df["name"]) == ["algorithm=dr__seed=1", "algorithm=fedavg__seed=1", "algorithm=dr__seed=0",
+                                "algorithm=fedavg__seed=0"]
+    assert json.loads((tmp_path / "sweep.json").read_text()) == {"base": BASE, "grid": {"algorithm": ["fedavg", "dr"]},
+                                                                 "seeds": [0, 1]}
+    assert list(sweep.interval_summary(tmp_path)["n"]) == [2, 2]
+
+
+def test_a_root_filled_with_two_grids_before_is_not_pooled(tmp_path, tiny):
+    """A root that an older kit let two grids fill: the table names the field that differs instead of pooling."""
+    sweep.run(*ALGORITHMS, [0], tmp_path, data=tiny, progress=False)
+    other = tmp_path / "lr=0.1__seed=0"  # the second grid's FedAvg at lr 0.1, with the same seed
+    shutil.copytree(tmp_path / "algorithm=fedavg__seed=0", other)
+    point = json.loads((other / "point.json").read_text())
+    (other / "point.json").write_text(json.dumps({**point, "config": {**point["config"], "lr": 0.1}}))
+    with pytest.raises(FeddrKitError, match=r"grid point \{'algorithm': 'fedavg'\} .* holds 2 runs with seed 0, which "
+                                            r"differ in lr .*more than one grid"):
+        sweep.interval_summary(tmp_path)
 
 
 # --------------------------------------------------------------------------- collect and table
