@@ -68,7 +68,7 @@ class Config:
     partition_seed: int | None = field(default=None, metadata={"help": "seed of the partition; None uses seed"})
     reference_partition: str | None = field(default=None, metadata={"help": "for partition=reference: a file name such as cifar10_shard_s2 (in FEDDR_REFERENCE_DIR) or a path to an .npz"})
     # model and algorithm
-    model: str = field(default="cnn_bn", metadata={"help": "cnn_bn (the teaching model) | cnn | vgg11 | mobilenet (paper: vgg11 for CIFAR-10, mobilenet for CIFAR-100)"})
+    model: str = field(default="cnn_bn", metadata={"help": "cnn_bn (the teaching model) | cnn_nobn (cnn_bn without BatchNorm) | cnn | vgg11 | mobilenet (paper: vgg11 for CIFAR-10, mobilenet for CIFAR-100)"})
     algorithm: str = field(default="feddr+", metadata={"help": "fedavg | fedbabu | scaffold | fedntd | fedexp | spherefed | fedetf | dr | feddr+; personalized: fedper | fedrep | perfedavg | ditto"})
     regularizer: str | None = field(default=None, metadata={"help": "none (no regularizer) | prox | kd | ntd | ld | fd; None (flag left out) = the algorithm's own (fd for feddr+); a run records the one it used"})
     beta: float = field(default=0.9, metadata={"help": "weight of the algorithm's loss in beta*L_alg + (1-beta)*L_reg (paper: 0.9)"})

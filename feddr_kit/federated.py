@@ -173,7 +173,7 @@ def open_run(cfg: Config, *, resume: bool = False, data: ImageData | None = None
             raise FeddrKitError("tensorboard=True needs out_dir: the event files go to out_dir/tb/")
         tblog.check_available()
     device = resolve_device(cfg.device)
-    with engine_mod.kernel_settings(cfg.deterministic, device), _folder(cfg, resume, claim) as out_dir:
+    with engine_mod.kernel_settings(cfg.deterministic, device, cfg.tf32), _folder(cfg, resume, claim) as out_dir:
         checkpoint = None
         if resume:
             checkpoint = rundir.read_checkpoint(out_dir, cfg, ALGORITHMS[cfg.algorithm].regularizer_for(None),
@@ -256,6 +256,7 @@ def _rounds(log: RoundLog) -> Result:
     global_state = log.start_state
     local_state = model.state_dict()  # views of the live parameters
     probe = probe_set(data, cfg.probe_samples, cfg.seed, model) if cfg.probes else None
+    body = [n for n, _ in model.named_parameters() if n.startswith("body.")]  # the extractor, whose drift is probed
     for t in range(log.start, cfg.rounds):
         log.start_round()
         plan = plan_round(cfg, setup.lr0, t, setup.partition)
@@ -272,7 +273,10 @@ def _rounds(log: RoundLog) -> Result:
             gathered.add(averaged_local, w, loss, upload, ctx.gradients)
             if probing:
                 observed = setup.clients.counts[ctx.client] > 0
-                probe_rows.append(probes_mod.compare(probe_view(model, algo, data, *probe), global_view, probe[1], observed))
+                row = probes_mod.compare(probe_view(model, algo, data, *probe), global_view, probe[1], observed)
+                row["weight_change"] = probes_mod.relative_change([local_state[n] for n in body],
+                                                                  [global_state[n] for n in body])
+                probe_rows.append(row)
         global_state = gathered.next_global_state(setup, plan)
         log.end_round(plan, global_state, gathered.losses, gathered.gradients, probe_rows)
     return log.finish(global_state)

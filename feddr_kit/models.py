@@ -149,19 +149,38 @@ def _cnn_bn() -> tuple[nn.Module, int]:
             CNN_BN_WIDTHS[-1])
 
 
+def _cnn_nobn() -> tuple[nn.Module, int]:
+    # cnn_bn with its BatchNorm layers removed, for asking what BatchNorm does to a method: the same stem,
+    # widths, pooling and global average, d = 192. Each convolution takes the bias that BatchNorm's shift
+    # provided, and the convolutions are initialised as the paper's BatchNorm-free VGG-11 (He-normal with
+    # fan-out, zero bias): without a normalization, PyTorch's default init would shrink the signal at
+    # every stage. Predictions no longer depend on how a batch is composed.
+    layers: list[nn.Module] = [SpaceToDepth()]
+    channels = 12
+    for out in CNN_BN_WIDTHS:
+        conv = nn.Conv2d(channels, out, 3, padding=1)
+        with torch.no_grad():
+            conv.weight.normal_(0.0, math.sqrt(2.0 / (9 * out)))
+            conv.bias.zero_()
+        layers += [conv, nn.MaxPool2d(2), nn.ReLU(inplace=True)]
+        channels = out
+    return nn.Sequential(*layers, GlobalAvgPool()), CNN_BN_WIDTHS[-1]
+
+
 _BUILDERS: dict[str, Callable[[], tuple[nn.Module, int]]] = {
-    "cnn_bn": _cnn_bn, "cnn": _cnn, "vgg11": _vgg11, "mobilenet": _mobilenet}
+    "cnn_bn": _cnn_bn, "cnn_nobn": _cnn_nobn, "cnn": _cnn, "vgg11": _vgg11, "mobilenet": _mobilenet}
 MODELS = tuple(_BUILDERS)
 # Image sides (pixels) each model takes: (smallest, largest or None). cnn: two 5x5 convs and 2x2 pools
 # must leave the 5x5 maps its first linear layer expects (32-35); vgg11: five 2x2 pools must leave
 # the 1x1 map of its linear layers (32-63); mobilenet: four stride-2 stages must leave more than one
 # value per channel for BatchNorm's batch statistics on a one-image batch (>= 17), then pools globally;
 # cnn_bn: the stem and three pools come before its last BatchNorm, which needs more than one value per
-# channel on a one-image batch, so a 2x2 map (>= 32; even sides for the stem).
-IMAGE_SIZES: dict[str, tuple[int, int | None]] = {"cnn_bn": (32, None), "cnn": (32, 35), "vgg11": (32, 63),
-                                                  "mobilenet": (17, None)}
-# Models whose sides must be a multiple of a number (cnn_bn's space-to-depth stem takes 2x2 blocks).
-SIDE_MULTIPLES: dict[str, int] = {"cnn_bn": 2}
+# channel on a one-image batch, so a 2x2 map (>= 32; even sides for the stem); cnn_nobn has no batch
+# statistics, so its stem and three pools need only leave one pixel (>= 16).
+IMAGE_SIZES: dict[str, tuple[int, int | None]] = {"cnn_bn": (32, None), "cnn_nobn": (16, None), "cnn": (32, 35),
+                                                  "vgg11": (32, 63), "mobilenet": (17, None)}
+# Models whose sides must be a multiple of a number (the space-to-depth stem takes 2x2 blocks).
+SIDE_MULTIPLES: dict[str, int] = {"cnn_bn": 2, "cnn_nobn": 2}
 
 
 def register(name: str, builder: Callable[[], tuple[nn.Module, int]], image_sizes: tuple[int, int | None],
@@ -204,8 +223,9 @@ def check_image_size(name: str, image_size: int | tuple[int, int]) -> None:
 
 def build_model(name: str, num_classes: int, head_bias: bool = False,
                 image_size: int | tuple[int, int] | None = None) -> Net:
-    """Build a model by name: ``"cnn_bn"`` (the teaching model, BatchNorm, d=192), ``"cnn"`` (the earlier small
-    model, no normalization, d=128), ``"vgg11"`` (d=512) or ``"mobilenet"`` (d=1024), or one added by :func:`register`.
+    """Build a model by name: ``"cnn_bn"`` (the teaching model, BatchNorm, d=192), ``"cnn_nobn"`` (the same
+    without BatchNorm, d=192), ``"cnn"`` (the earlier small model, no normalization, d=128), ``"vgg11"`` (d=512)
+    or ``"mobilenet"`` (d=1024), or one added by :func:`register`.
 
     The head is PyTorch's default-initialized ``nn.Linear(d, num_classes, bias=head_bias)``;
     algorithms replace or freeze it (each says whether it wants a bias: ``Algorithm.head_bias``).

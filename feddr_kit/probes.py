@@ -13,6 +13,11 @@ For each sampled client, after local training, on the probe images of its observ
   against (``feat_dist_S / global_feat_norm_S`` is the distance relative to the global feature's length).
 
 The probe set is a class-balanced subsample of the official test set, drawn once from the seed.
+
+Besides the probe images, the drift of the weights themselves: ``weight_change``, the relative change
+``‖θ_local - θ_global‖ / ‖θ_global‖`` of the feature extractor's parameters in one client's local
+training (:func:`relative_change`). The head is left out, so that a method with a frozen head and one
+that trains it are compared on the same parameters.
 """
 from __future__ import annotations
 
@@ -75,3 +80,14 @@ def compare(local: ModelView, glob: ModelView, y: torch.Tensor, observed: torch.
         for s, mask in (("obs", in_obs), ("unobs", ~in_obs)):
             out[f"{q}_{s}"] = float(values[mask].mean()) if bool(mask.any()) else float("nan")
     return out
+
+
+def relative_change(local: list[torch.Tensor], glob: list[torch.Tensor]) -> float:
+    """``‖local - glob‖ / ‖glob‖`` over lists of matching tensors taken together as one vector (float64 sums).
+
+    ``local`` and ``glob`` are the same parameters after and before a client's local training (the
+    feature extractor's, in one order). A zero ``glob`` gives ``inf`` (or ``nan`` when nothing moved).
+    """
+    diff = sum(float((a.detach().double() - b.detach().double()).pow(2).sum()) for a, b in zip(local, glob))
+    base = sum(float(b.detach().double().pow(2).sum()) for b in glob)
+    return float(np.sqrt(diff) / np.sqrt(base)) if base > 0 else (float("nan") if diff == 0 else float("inf"))

@@ -1,0 +1,122 @@
+"""The drift probe's pre-registered machinery (results/drift_probe.py): the lr rule's bracketing, the
+control's lr, the seeds the verdicts use, and a tiny end-to-end run of the whole plan."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "results" / "drift_probe.py"
+
+
+@pytest.fixture
+def probe():
+    spec = importlib.util.spec_from_file_location("drift_probe_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def scores_peaking_at(peak: float, done=lambda lr: True):
+    """A fake finished-run measure: highest at ``peak`` on a log scale, None for runs not yet done."""
+    def score(item):
+        return -abs(math.log10(item.lr) - math.log10(peak)) if done(item.lr) else None
+    return score
+
+
+@pytest.mark.parametrize("peak, chosen, points", [
+    (3.0, 3.0, [1.0, 3.0, 10.0]),                 # inside the first grid: no extension
+    (30.0, 30.0, [1.0, 3.0, 10.0, 30.0, 100.0]),  # extends up until the winner is inside
+    (0.3, 0.3, [0.1, 0.3, 1.0, 3.0, 10.0]),       # extends down likewise
+    (1000.0, 100.0, [1.0, 3.0, 10.0, 30.0, 100.0]),  # at most two extra points: the edge then wins
+])
+def test_lr_rule_brackets_the_winner(probe, monkeypatch, peak, chosen, points):
+    monkeypatch.setattr(probe, "score", scores_peaking_at(peak))
+    assert probe.grid_points("feddr+", "cnn_bn", 1) == (points, chosen)
+
+
+def test_lr_rule_waits_for_unfinished_runs_and_ranks_a_diverged_run_last(probe, monkeypatch):
+    monkeypatch.setattr(probe, "score", scores_peaking_at(3.0, done=lambda lr: lr != 10.0))
+    assert probe.grid_points("feddr+", "cnn_bn", 1) == ([1.0, 3.0, 10.0], None)
+    # 0.3 would win, but the run at the largest lr diverged: it ranks last, so the winner (0.3) is inside
+    monkeypatch.setattr(probe, "score", lambda it: -math.inf if it.lr == 0.3 else -abs(it.lr - 0.1))
+    assert probe.grid_points("fedavg", "cnn_bn", 1) == ([0.03, 0.1, 0.3], 0.1)
+
+
+def test_exact_tie_goes_to_the_smaller_lr(probe, monkeypatch):
+    monkeypatch.setattr(probe, "score", lambda it: 0.5 if it.lr in (0.1, 0.3) else 0.1)
+    assert probe.grid_points("fedavg", "cnn_bn", 1)[1] == 0.1
+
+
+def test_control_is_dr_at_beta_times_feddr_lr_and_verdict_seeds_skip_the_grid_seed(probe, monkeypatch):
+    monkeypatch.setattr(probe, "score", scores_peaking_at(3.0))
+    assert probe.chosen_lr("control", "cnn_nobn", 5) == pytest.approx(2.7)
+    items, undecided = probe.plan()
+    assert undecided == 0
+    control = [it for it in items if it.method == "control"]
+    assert sorted({it.seed for it in control}) == [1, 2, 3]
+    cfg = control[0].config()
+    assert (cfg.algorithm, cfg.regularizer, cfg.lr) == ("dr", "none", pytest.approx(2.7))
+    evaluation = [it for it in items if it.seed != probe.GRID_SEED]
+    assert len(evaluation) == len(probe.CELLS) * len(probe.METHODS) * 3
+    # the pre-registered order: every grid run first, then seed-major
+    seeds = [it.seed for it in items]
+    assert seeds == sorted(seeds)
+
+
+def test_tiny_plan_runs_end_to_end(probe, tmp_path, monkeypatch):
+    monkeypatch.setattr(probe, "CELLS", [("cnn_nobn", 1)])  # one cell: the whole machinery, a fifth of the runs
+    probe.main(["--tiny", "--root", str(tmp_path)])
+    table = pd.read_csv(tmp_path / "drift_probe.csv")
+    history = pd.read_csv(tmp_path / "drift_probe_history.csv")
+    assert set(table["status"]) <= {"done", "failed"}
+    evaluation = table[table["role"] == "evaluation"]
+    assert len(evaluation) == len(probe.CELLS) * len(probe.METHODS) * 3
+    for column in ("late_acc", "weight_change", "forgetting_unobs", "acc_unobs"):
+        assert evaluation[column].notna().all(), column
+    assert (evaluation["weight_change"] > 0).all()
+    assert table.loc[table["method"] == "feddr+", "grad_ratio_features"].notna().all()
+    assert {"round", "weight_change", "test_acc"} <= set(history.columns)
+
+
+def test_relative_change_closed_form():
+    import torch
+    from feddr_kit.probes import relative_change
+    glob = [torch.tensor([3.0, 0.0]), torch.tensor([[0.0], [4.0]])]  # ‖θ_g‖ = 5
+    local = [torch.tensor([3.0, 1.0]), torch.tensor([[0.0], [4.0 + 2.0]])]  # moved by (0, 1, 0, 2): ‖Δ‖ = √5
+    assert relative_change(local, glob) == pytest.approx(math.sqrt(5) / 5)
+    assert relative_change(glob, glob) == 0.0
+
+
+def test_cnn_nobn_is_cnn_bn_without_its_batchnorm():
+    import torch
+    import feddr_kit as fk
+    torch.manual_seed(0)
+    bn, plain = fk.models.build_model("cnn_bn", 10), fk.models.build_model("cnn_nobn", 10)
+    kinds = lambda net: [type(m).__name__ for m in net.body]
+    assert [k for k in kinds(bn) if k != "BatchNorm2d"] == kinds(plain)
+    assert (bn.feature_dim, bn.batch_stat_norm, plain.batch_stat_norm) == (plain.feature_dim, True, False)
+    x = torch.randn(4, 3, 32, 32)
+    # no batch statistics: an image's features do not depend on the rest of its batch
+    torch.testing.assert_close(plain.features(x)[:1], plain.features(x[:1]))
+    # He-normal with fan-out, as the paper's BatchNorm-free VGG-11: std √(2 / (9 · out_channels))
+    convs = [m for m in plain.body if isinstance(m, torch.nn.Conv2d)]
+    for conv in convs:
+        assert conv.weight.std().item() == pytest.approx(math.sqrt(2 / (9 * conv.out_channels)), rel=0.1)
+        assert conv.bias is not None and not conv.bias.any()
+
+
+def test_probed_history_records_the_extractors_weight_change():
+    import feddr_kit as fk
+    cfg = fk.Config(dataset="synthetic", model="cnn_nobn", algorithm="fedavg", lr=0.05, rounds=2, eval_every=1,
+                    probes=True, num_clients=4, clients_per_round=2, probe_samples=20, progress=False)
+    h = fk.run(cfg).history
+    assert (h["weight_change"] > 0).all()
+    # the second round trains at a tenth of the lr (the schedule's decay at half the rounds): a smaller move
+    assert h["weight_change"].iloc[1] < h["weight_change"].iloc[0]
