@@ -216,8 +216,11 @@ def finished(item: Item) -> bool:
 def run_item(item: Item, data) -> None:
     """Run (or resume) one item through the kit's sweep runner, under the folder's lock: a folder that
     another process holds is skipped."""
-    cfg = item.config()
-    fk.sweep.run(cfg.to_dict(), {}, [item.seed], item.root, data=data, progress=False)
+    # The base is what differs from the defaults, less the seed: the same for every seed of a root, so
+    # the runner sees one grid there, and unchanged by fields the kit may add with their defaults.
+    defaults = fk.Config().to_dict()
+    base = {k: v for k, v in item.config().to_dict().items() if k != "seed" and v != defaults.get(k)}
+    fk.sweep.run(base, {}, [item.seed], item.root, data=data, progress=False)
 
 
 def work(data, wait: float = 60.0) -> None:
