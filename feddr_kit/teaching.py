@@ -7,7 +7,8 @@ split into its pulling and pushing parts (:func:`ce_forces`), the dot-regression
 Chapter 02 compares heads by their pairwise cosines (:func:`pairwise_cosines`,
 :func:`head_cosine_table`). Chapters 03/04 summarize probe columns of run histories
 (:func:`probe_table`) and can train one round of local models from one shared global model
-(:func:`local_round_probes`).
+(:func:`local_round_probes`). Every chapter's widget cell calls :func:`interact`: ipywidgets' own,
+with a saved copy of the notebook saying how to get the controls back.
 
 Everything returns plain tensors / DataFrames; the figures are in :mod:`feddr_kit.plots`.
 """
@@ -534,3 +535,39 @@ def save_results(out_dir, results: dict, config: dict | None = None, name: str =
     path = Path(out_dir) / name
     write_json(path, {"results": results, "config": config or {}, "units": {**RESULT_UNITS, **(units or {})}})
     return path
+
+
+# --------------------------------------------------------------------------- widgets
+# What a widget's cell shows where no kernel drew the widget: a saved copy reopened (JupyterLab then
+# shows an output's plain-text fallback, which for ipywidgets is the widget's repr, frozen at the
+# value it had when saved), GitHub, nbviewer. clean_outputs.py keeps this text in the committed
+# notebooks, so the cell and the note under it say the same thing everywhere.
+SAVED_WIDGET_NOTE = "Run this cell (Shift+Enter) to get the controls: a saved notebook keeps no live widgets."
+
+
+class _Controls:
+    """An ``ipywidgets.interactive`` displayed with :data:`SAVED_WIDGET_NOTE` as its plain-text fallback."""
+
+    def __init__(self, widget):
+        self.widget = widget
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = SAVED_WIDGET_NOTE
+        return bundle
+
+
+def interact(function, /, *, manual: bool = False, **controls) -> None:
+    """``ipywidgets.interact(function, **controls)``: the controls and ``function``'s output, live.
+
+    The one difference is what stays when the notebook is saved and reopened without running the cell:
+    :data:`SAVED_WIDGET_NOTE` instead of the widget's repr (``interactive(children=(FloatSlider(…``).
+    ``manual=True`` adds a button and calls ``function`` only when it is pressed (``interact_manual``).
+    ``function`` draws or prints and returns nothing (a returned value is displayed at every move).
+    Returns nothing: the cell needs no ``;``.
+    """
+    from IPython.display import display
+    from ipywidgets import interactive
+
+    options = dict(manual=manual, auto_display=True, manual_name="Run Interact")  # ipywidgets.interact's own
+    display(_Controls(interactive(function, options, **controls)))

@@ -15,7 +15,8 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from feddr_kit import plots  # noqa: E402
+from feddr_kit import plots, teaching  # noqa: E402
+from feddr_kit.teaching import SAVED_WIDGET_NOTE  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 CHAPTERS = [NOTEBOOKS / f"{stem}.ipynb" for stem in ("00_quickstart", "01_ce_pull_push", "02_simplex_etf", "09_flower")]
@@ -34,17 +35,26 @@ def test_markdown_maths_uses_macros_mathjax_knows(path):
             assert not re.search(r"\\bm\b", cell.source), f"cell {i} uses \\bm"
 
 
+def _interact_calls(tree: ast.AST) -> list[ast.Call]:
+    """Calls of ``interact(...)`` (ipywidgets') or ``teaching.interact(...)`` (the kit's) in a cell."""
+    def name(f):
+        return f.id if isinstance(f, ast.Name) else f"{name(f.value)}.{f.attr}" if isinstance(f, ast.Attribute) else ""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and name(n.func) in ("interact", "teaching.interact")]
+
+
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_every_widget_returns_nothing_and_has_a_note_under_it(path):
     """interact displays its function's return value on every move, so the function returns None
     (it ends with plt.show()); the saved notebook keeps no widget state, so a markdown note right
-    under the cell says to run it again."""
+    under the cell says what the cell shows when reopened and to run it again: the kit's
+    ``teaching.interact`` saves its SAVED_WIDGET_NOTE (quoted by the note), ipywidgets' own a repr
+    or "model not found"."""
     cells = _read(path).cells
     for i, cell in enumerate(cells):
         if cell.cell_type != "code" or "interact(" not in cell.source:
             continue
         tree = ast.parse(cell.source)
-        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "interact"]
+        calls = _interact_calls(tree)
         assert calls, f"cell {i}: interact is not called"
         for call in calls:
             target = call.args[0]
@@ -56,8 +66,58 @@ def test_every_widget_returns_nothing_and_has_a_note_under_it(path):
             assert not any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn)), \
                 f"cell {i}: {fn.name} must return nothing"
         note = cells[i + 1]
-        assert note.cell_type == "markdown" and "model not found" in note.source and "run it" in note.source, \
-            f"cell {i}: no note under the widget saying to re-run it"
+        assert note.cell_type == "markdown", f"cell {i}: no note under the widget"
+        if all(ast.unparse(c.func) == "teaching.interact" for c in calls):
+            assert SAVED_WIDGET_NOTE.split(":")[0] in note.source, f"cell {i}: the note must quote what the saved cell shows"
+        else:
+            assert "model not found" in note.source and "run it" in note.source, \
+                f"cell {i}: no note under the widget saying to re-run it"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_a_saved_widget_cell_shows_the_note(path):
+    """What git stores for a teaching.interact cell is what a saved copy reopened without a kernel shows:
+    the note, as plain text, and no widget view."""
+    for i, cell in enumerate(_read(path).cells):
+        if cell.cell_type == "code" and "teaching.interact(" in cell.source:
+            assert [o.get("data", {}) for o in cell.outputs] == [{"text/plain": SAVED_WIDGET_NOTE}], f"cell {i}"
+
+
+def test_kit_interact_saves_the_note_and_keeps_the_live_widget(monkeypatch):
+    """teaching.interact displays the widget (its view, for a live front end) with the note as its plain-text
+    fallback, calls the function once as ipywidgets' interact does, and returns nothing."""
+    from ipywidgets import IntSlider
+
+    shown, calls = [], []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj._repr_mimebundle_()))
+    out = teaching.interact(lambda k: calls.append(k), k=IntSlider(value=3, min=0, max=5))
+    assert out is None and calls == [3]
+    (bundle,) = shown
+    assert bundle["text/plain"] == SAVED_WIDGET_NOTE and "model_id" in bundle["application/vnd.jupyter.widget-view+json"]
+    shown.clear()
+    teaching.interact(lambda k: calls.append(k), manual=True, k=IntSlider(value=4))
+    assert calls == [3] and shown[0]["text/plain"] == SAVED_WIDGET_NOTE  # manual: nothing runs until the button
+
+
+def test_clean_outputs_keeps_only_the_note_of_a_widget(tmp_path):
+    """clean_outputs.py drops a widget's view (and any other widget output, e.g. a progress bar), keeping the
+    kit's note as plain text."""
+    import sys
+
+    nb = nbformat.v4.new_notebook()
+    view = {"application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0, "model_id": "x"}}
+    nb.cells = [nbformat.v4.new_code_cell("teaching.interact(f)", outputs=[
+        nbformat.v4.new_output("display_data", data={**view, "text/plain": SAVED_WIDGET_NOTE}),
+        nbformat.v4.new_output("display_data", data={**view, "text/plain": "  0%|          | 0/3"})])]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    sys.path.insert(0, str(NOTEBOOKS))
+    try:
+        import clean_outputs
+    finally:
+        sys.path.remove(str(NOTEBOOKS))
+    clean_outputs.clean(str(path))
+    assert [o["data"] for o in nbformat.read(path, as_version=4).cells[0].outputs] == [{"text/plain": SAVED_WIDGET_NOTE}]
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
@@ -69,10 +129,13 @@ def test_paper_tables_and_figures_are_named_by_label(path):
             assert re.search(r"`(tab|fig|apptab):", cell.source), f"cell {i} numbers a table or figure without its label"
 
 
-def test_quickstart_finds_results_next_to_the_notebook():
+def test_quickstart_finds_results_wherever_it_is_started():
+    """fk.repo searches upward from the working directory, then asks the installed package: the working
+    directory alone (papermill runs in the caller's folder) or the package alone (a non-editable install lives
+    in site-packages) each miss a case. tests/test_chapter_paths.py runs the cell from each place."""
     source = "\n".join(c.source for c in _read(CHAPTERS[0]).cells if c.cell_type == "code")
-    assert 'RESULTS = (Path.cwd().parent / "results").resolve()' in source
-    assert "fk.__file__" not in source
+    assert "RESULTS = fk.repo.results()" in source
+    assert "Path.cwd()" not in source and "fk.__file__" not in source
 
 
 def test_force_explorer_default_is_unchanged():
