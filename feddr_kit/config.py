@@ -91,6 +91,9 @@ class Config:
     engine: str = field(default="auto", metadata={"help": "serial | batched | auto: how a round's clients train (auto: batched on CUDA, serial on CPU)"})
     deterministic: bool = field(default=True, metadata={"help": "deterministic kernels: same seed, same history, on CUDA too (False: faster nondeterministic kernels)"})
     precision: str = field(default="fp32", metadata={"help": "fp32 | bf16: bf16 copies of the fp32 weights for forward/backward (batched engine only)"})
+    tf32: bool = field(default=True, metadata={"help": "CUDA: let float32 matmuls and convolutions run on TF32 tensor cores (10-bit mantissa); ignored on CPU, which has none"})
+    channels_last: bool = field(default=False, metadata={"help": "batched engine: lay out the images and the stacked conv weights channels-last (NHWC); the same arithmetic in another memory order"})
+    fused_sgd: bool = field(default=False, metadata={"help": "batched engine: one fused SGD kernel over the stacked parameters at the steps where every client trains (else foreach ops)"})
     out_dir: str | None = field(default=None, metadata={"help": "folder for config.json, history.csv, summary.json, checkpoint.pt, owned by one run at a time; left out: nothing is saved"})
     overwrite: bool = field(default=False, metadata={"help": "let a fresh run replace the results already in out_dir (without it, such a run is refused)"})
     checkpoint_every: int = field(default=5, metadata={"help": "rounds between checkpoints when out_dir is set (0: only at the end)"})
@@ -131,8 +134,8 @@ class Config:
                               ("engine", ENGINES), ("precision", PRECISIONS), ("fedexp_step", FEDEXP_STEPS),
                               ("perfedavg_steps", PERFEDAVG_STEPS)):
             self._choice(name, allowed)
-        for name in ("deterministic", "probes", "progress", "tensorboard", "overwrite", "scaffold_zero_head_grad",
-                     "spherefed_calibration"):
+        for name in ("deterministic", "tf32", "channels_last", "fused_sgd", "probes", "progress", "tensorboard",
+                     "overwrite", "scaffold_zero_head_grad", "spherefed_calibration"):
             if not isinstance(getattr(self, name), bool):
                 raise FeddrKitError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("data_path", "out_dir"):

@@ -17,8 +17,8 @@ batch size, one vmapped forward per group: nothing is padded, so BatchNorm stati
 see a client's own images; a client that has finished its steps is masked out of the update.
 The batched engine reads the losses back once per round.
 
-Where a run trains (:func:`resolve_device`) and with which kernels (:func:`kernel_settings`) are
-decided here too.
+Where a run trains (:func:`resolve_device`, named in timings by :func:`device_name`) and with which
+kernels (:func:`kernel_settings`) are decided here too.
 """
 from __future__ import annotations
 
@@ -52,6 +52,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def device_name(device: torch.device) -> str:
+    """What timings name the machine by: the GPU's name on CUDA, ``"cpu (N cores, T threads)"`` on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
 def resolve_engine(name: str, device: torch.device) -> str:
     """``"auto"`` → ``"batched"`` on CUDA, ``"serial"`` on CPU (where batched was measured slower); else ``name``."""
     if name == "auto":
@@ -60,21 +67,22 @@ def resolve_engine(name: str, device: torch.device) -> str:
 
 
 @contextlib.contextmanager
-def kernel_settings(deterministic: bool, device: torch.device) -> Iterator[None]:
+def kernel_settings(deterministic: bool, device: torch.device, tf32: bool = True) -> Iterator[None]:
     """Kernel choices for the duration of a run, restored afterwards.
 
     ``deterministic=True``: ``torch.use_deterministic_algorithms(True)`` (an op without a
     deterministic kernel raises), no cuDNN autotuning, and on CUDA ``CUBLAS_WORKSPACE_CONFIG=:4096:8``
-    when unset. ``False``: cuDNN autotuning on CUDA. TF32 is allowed on CUDA in both (it is
-    deterministic, only less precise).
+    when unset. ``False``: cuDNN autotuning on CUDA. ``tf32`` (``Config.tf32``): on CUDA, float32
+    matmuls and convolutions may use TF32 (deterministic, only less precise); on CPU the flags are
+    left alone, since no CPU kernel reads them.
     """
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
              torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     try:
         if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
             if deterministic:
                 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = device.type == "cuda" and not deterministic
@@ -112,6 +120,9 @@ def _load(model: Net, state: dict[str, torch.Tensor]) -> None:
 def _serial(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Iterator[float]:
     if cfg.precision != "fp32":
         raise FeddrKitError(f"precision={cfg.precision!r} needs engine='batched' (the serial engine runs in fp32)")
+    for option in ("channels_last", "fused_sgd"):
+        if getattr(cfg, option):
+            raise FeddrKitError(f"{option}=True needs engine='batched' (it lays out or steps the batched engine's stacks)")
     for idx, ctx in zip(client_idx, ctxs):
         _load(model, ctx.global_state)
         yield local.train_client(model, teacher, algo, data, idx, ctx, cfg, device)  # looked up at each call: a spy put on the module sees every client
@@ -143,14 +154,23 @@ def check_batchable(model: Net, algo: Algorithm, cfg: Config) -> None:
 
 @torch.no_grad()
 def sgd_step(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor], lr: float,
-             momentum: float, weight_decay: float, active: torch.Tensor | None = None) -> None:
+             momentum: float, weight_decay: float, active: torch.Tensor | None = None, fused: bool = False) -> None:
     """One step of ``torch.optim.SGD`` (dampening 0, no Nesterov) on stacked per-client tensors, in place.
 
     ``params``, ``grads``, ``bufs`` (momentum buffers, zeros at a client's start; unused when
     ``momentum == 0``) are matching lists of ``[m, *shape]`` tensors. ``active`` (bool ``[m]``) masks the
     clients that take the step; the others keep their parameters and buffers unchanged. With buffers
-    starting at zero, ``0·ρ + d = d`` reproduces SGD's first-step ``buf = d`` exactly.
+    starting at zero, ``0·ρ + d = d`` reproduces SGD's first-step ``buf = d`` exactly. ``fused``: when
+    every client takes the step, one ``torch._fused_sgd_`` call (torch.optim.SGD's ``fused=True``
+    kernel) instead of three or four foreach passes; a masked step always takes the foreach path.
     """
+    if fused and active is None:
+        # The fused kernel walks each tensor's storage in order, so a gradient laid out unlike its
+        # parameter (channels-last stacks) is first copied into the parameter's layout.
+        grads = [g if g.stride() == p.stride() else torch.empty_like(p).copy_(g) for g, p in zip(grads, params)]
+        torch._fused_sgd_(params, grads, bufs if momentum else [], weight_decay=weight_decay, momentum=momentum,
+                          lr=lr, dampening=0.0, nesterov=False, maximize=False, is_first_step=False)
+        return
     d = torch._foreach_add(grads, params, alpha=weight_decay) if weight_decay else list(grads)
     if momentum:
         if active is None:
@@ -172,7 +192,7 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
     model.train()
     live = dict(model.named_parameters())
     names = [n for n, p in live.items() if p.requires_grad]  # frozen parameters and buffers stay shared
-    stacks = [live[n].detach().expand(m, *live[n].shape).clone().requires_grad_() for n in names]
+    stacks = [stacked(live[n].detach(), m, cfg.channels_last).requires_grad_() for n in names]
     bufs = [torch.zeros_like(s) for s in stacks] if cfg.momentum else []
     for ctx in ctxs:  # with the global state loaded, as in the serial loop
         algo.client_start(model, ctx)
@@ -193,7 +213,7 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
             meter.add_step(stacks, grads, active, on_device)
         algo.before_step_batched(dict(zip(names, grads)), ctxs, active)
         mask = None if all(active) else on_device(tuple(active))
-        sgd_step(stacks, grads, bufs, ctxs[0].lr, cfg.momentum, cfg.weight_decay, mask)
+        sgd_step(stacks, grads, bufs, ctxs[0].lr, cfg.momentum, cfg.weight_decay, mask, fused=cfg.fused_sgd)
 
     means = [t / max(s, 1) for t, s in zip(totals.tolist(), steps)]  # the round's one read-back
     for mean, ctx in zip(means, ctxs):
@@ -207,14 +227,35 @@ def _batched(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Itera
         yield mean
 
 
+def stacked(t: torch.Tensor, m: int, channels_last: bool = False) -> torch.Tensor:
+    """``m`` copies of ``t`` as a new ``[m, *t.shape]`` tensor. ``channels_last``: a conv weight ``[O,I,kh,kw]``
+    is stored as ``[m,O,kh,kw,I]`` (the logical shape unchanged), so that the ``[m·O,I,kh,kw]`` weight of
+    ``vmap``'s grouped convolution is a channels-last view, with no copy."""
+    if channels_last and t.dim() == 4:
+        nhwc = t.permute(0, 2, 3, 1)  # [O,kh,kw,I]
+        return nhwc.expand(m, *nhwc.shape).contiguous().permute(0, 1, 4, 2, 3)
+    return t.expand(m, *t.shape).clone()
+
+
+def stack_images(xs: list[torch.Tensor], channels_last: bool = False) -> torch.Tensor:
+    """Images ``[k,B,C,H,W]`` from ``k`` batches ``[B,C,H,W]``. ``channels_last``: stored as ``[B,H,W,k,C]``, so that
+    the ``[B,k·C,H,W]`` input of ``vmap``'s grouped convolution is a channels-last view, with no copy."""
+    if channels_last:
+        return torch.stack([x.permute(0, 2, 3, 1) for x in xs], dim=3).permute(3, 0, 4, 1, 2)
+    return torch.stack(xs)
+
+
 class _StackedLosses:
     """The losses of some of the round's clients in one ``vmap`` of :class:`_ClientLoss`.
 
-    Called with the stacks to use (``[k, *shape]`` each, in ``names``' order), images ``[k,B,3,H,W]``, labels
+    Called with the stacks to use (``[k, *shape]`` each, in ``names``' order), images ``[k,B,3,H,W]``
+    (:func:`stack_images`), labels
     ``[k,B]`` and ``sel`` (the clients' rows, int64 ``[k]``, or None for all ``m``), it returns their losses
     ``[k]``; when ``measure``, :func:`feddr_kit.local.measured_terms`' three values, each ``[k]``. With
     ``cfg.precision="bf16"`` the forward and backward run on bf16 copies of the fp32 weights (cast by hand:
     autocast fails under vmap); the casts are differentiable, so the gradients and the SGD update stay fp32.
+    With ``cfg.channels_last`` the teacher is a channels-last copy (its convolutions are not grouped: the
+    clients' images are its batch).
     """
 
     def __init__(self, model: Net, teacher: Net, algo: Algorithm, ctxs: list[ClientContext], cfg: Config,
@@ -227,7 +268,10 @@ class _StackedLosses:
         if low is not None:
             shared = {f"model.{n}": t.to(low) for n, t in [*model.named_parameters(), *model.named_buffers()]
                       if n not in names and t.is_floating_point()}
-            teacher = copy.deepcopy(teacher).to(low) if algo.needs_teacher else teacher
+        if algo.needs_teacher and (low is not None or cfg.channels_last):
+            teacher = copy.deepcopy(teacher).to(low, memory_format=torch.channels_last if cfg.channels_last
+                                                else torch.preserve_format)
+        self.channels_last = cfg.channels_last
         template = ctxs[0]
 
         def one_client(params, x, y, class_counts):
@@ -284,7 +328,7 @@ def _gradients(losses_of: _StackedLosses, stacks: list[torch.Tensor], drawn: dic
         meter.start_step()
     total = 0.0
     for rows in by_size.values():
-        x = torch.stack([drawn[i][0] for i in rows])
+        x = stack_images([drawn[i][0] for i in rows], losses_of.channels_last)
         y = torch.stack([drawn[i][1] for i in rows])
         if len(rows) == len(totals):
             params, sel = stacks, None

@@ -1,10 +1,14 @@
 """The batched engine equals the serial loop; SGD on stacks equals torch.optim.SGD; runs are reproducible.
 
 Equivalence is checked per parameter tensor as ``‖a - b‖ / ‖a‖ ≤ 1e-5`` after one round. The cnn runs
-in float32. MobileNet's batch-statistics BatchNorm on 8×8 images and batches of a few images is
+in float32. The batched engine's speed options (``channels_last``, ``fused_sgd``) are the same arithmetic
+in another memory order or in one kernel, so they meet the same float32 bound against the serial loop
+(a channels-last convolution sums in another order: reassociation, ~1e-7 per step). MobileNet's batch-statistics BatchNorm on 8×8 images and batches of a few images is
 ill-conditioned (a 1×1 feature map normalised over 2–4 values), so float32 reassociation alone moves
 its outputs by ~1e-3; its cases run in float64, where the two engines agree to ~1e-12.
 """
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -62,12 +66,17 @@ def assert_same_round(serial, batched, tol=1e-5):
 
 
 # --------------------------------------------------------------------------- SGD on stacks
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("momentum,weight_decay", [(0.9, 1e-2), (0.0, 0.0), (0.5, 0.0)])
-def test_sgd_step_equals_torch_sgd_per_client(momentum, weight_decay):
-    """Three clients, one stops after 2 steps and one after 3: masked stack SGD = torch.optim.SGD per client."""
+def test_sgd_step_equals_torch_sgd_per_client(momentum, weight_decay, fused):
+    """Three clients, one stops after 2 steps and one after 3: masked stack SGD = torch.optim.SGD per client.
+    ``fused``: the steps all three take run the fused kernel, on a conv stack laid out channels-last (as
+    ``engine.stacked`` makes it) while its gradients come contiguous."""
     gen = torch.Generator().manual_seed(0)
-    m, shapes, lr = 3, [(4, 5), (7,)], 0.1
-    stacks = [torch.randn(m, *s, generator=gen) for s in shapes]
+    m, shapes, lr = 3, [(4, 5), (7,), (2, 3, 3, 3)], 0.1
+    stacks = [engine.stacked(torch.zeros(s), m, channels_last=True).add_(torch.randn(m, *s, generator=gen))
+              for s in shapes]
+    assert not stacks[2].is_contiguous()
     clients = [[s[i].clone().requires_grad_() for s in stacks] for i in range(m)]
     opts = [torch.optim.SGD(p, lr=lr, momentum=momentum, weight_decay=weight_decay) for p in clients]
     bufs = [torch.zeros_like(s) for s in stacks]
@@ -75,7 +84,7 @@ def test_sgd_step_equals_torch_sgd_per_client(momentum, weight_decay):
     for step in range(4):
         grads = [torch.randn(m, *s, generator=gen) for s in shapes]
         active = torch.tensor([step < k for k in last_step])
-        engine.sgd_step(stacks, grads, bufs, lr, momentum, weight_decay, None if active.all() else active)
+        engine.sgd_step(stacks, grads, bufs, lr, momentum, weight_decay, None if active.all() else active, fused=fused)
         for i in range(m):
             if active[i]:
                 for p, g in zip(clients[i], grads):
@@ -131,6 +140,37 @@ def test_batched_equals_serial_mobilenet(tiny_images, float64, algorithm, partit
 def test_batched_equals_serial_with_regularizer(data, regularizer):
     assert_same_round(*both_engines(data, algorithm="fedavg", regularizer=regularizer, rounds=1, mu=0.1,
                                     **SETTINGS["dirichlet"]))
+
+
+OPTIONS = {"channels_last": dict(channels_last=True), "fused_sgd": dict(fused_sgd=True),
+           "both": dict(channels_last=True, fused_sgd=True)}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("algorithm,partition", [("feddr+", "shard"), ("feddr+", "dirichlet"), ("fedavg", "dirichlet"),
+                                                 ("scaffold", "shard")])
+def test_engine_options_equal_serial_cnn(data, algorithm, partition, option):
+    """The batched engine with a speed option against the serial loop, one round in float32: the same bound as the
+    plain batched engine. Dirichlet clients take masked steps (the fused kernel only where every client trains),
+    shards full ones; SCAFFOLD's gradient hook sees channels-last gradients; FedDr+ a channels-last teacher."""
+    cfg = fk.Config(**{**BASE, "algorithm": algorithm, "rounds": 1, **SETTINGS[partition]})
+    serial = fk.run(cfg, data=data, engine="serial")
+    batched = fk.run(cfg, data=data, engine="batched", **OPTIONS[option])
+    assert_same_round(serial, batched)
+
+
+@pytest.mark.parametrize("model", ["mobilenet", "cnn_bn"])
+def test_engine_options_equal_serial_with_batchnorm(tiny_images, data, float64, model):
+    """Both options on the BatchNorm models (MobileNet's depthwise convolutions are grouped twice under vmap), in
+    float64 as the plain comparisons above: parameters to 1e-5 and the same test accuracy."""
+    kw = dict(model="mobilenet", batch_size=4, lr=0.01, num_clients=5, clients_per_round=2) if model == "mobilenet" \
+        else dict(model="cnn_bn")
+    images = tiny_images if model == "mobilenet" else data
+    cfg = fk.Config(**{**BASE, "algorithm": "feddr+", "rounds": 1, **kw})
+    serial = fk.run(cfg, data=images, engine="serial")
+    batched = fk.run(cfg, data=images, engine="batched", channels_last=True, fused_sgd=True)
+    assert_same_round(serial, batched)
+    assert serial.summary["final_acc"] == batched.summary["final_acc"]
 
 
 def test_scaffold_control_variates_match_over_rounds(data, float64):
@@ -216,7 +256,8 @@ def test_batchnorm_running_statistics_are_refused():
         engine.check_batchable(model, get_algorithm(cfg), cfg)
 
 
-@pytest.mark.parametrize("field,value", [("engine", "fast"), ("precision", "fp16"), ("deterministic", "yes")])
+@pytest.mark.parametrize("field,value", [("engine", "fast"), ("precision", "fp16"), ("deterministic", "yes"), ("tf32", 1),
+                                         ("channels_last", "true"), ("fused_sgd", None)])
 def test_config_rejects_bad_engine_settings(field, value):
     with pytest.raises(FeddrKitError, match=field):
         fk.Config(**{field: value})
@@ -246,17 +287,19 @@ def test_deterministic_run_is_reproducible_and_restores_the_setting(data, engine
     assert seen == [False]
 
 
+@pytest.mark.parametrize("options", [{}, {"channels_last": True, "fused_sgd": True}])
 @pytest.mark.parametrize("algorithm", ["feddr+", "fedetf"])
-def test_bf16_round_stays_close_to_fp32(data, algorithm):
+def test_bf16_round_stays_close_to_fp32(data, algorithm, options):
     """bf16 copies of fp32 weights: the round's update (new global minus initial) stays near fp32's.
 
     bf16 keeps 8 significant bits (0.4 % per rounding), compounded over layers and steps: the
     updates differ by ~7 % (measured); the bound of 15 % is loose on purpose, while a wrong path
-    (a teacher or counts that are not the client's, an update lost in bf16) is off by O(1)."""
+    (a teacher or counts that are not the client's, an update lost in bf16) is off by O(1). With the speed
+    options (a channels-last bf16 teacher and stacks, the fused step) the same bound holds."""
     cfg = fk.Config(**{**BASE, "algorithm": algorithm, "rounds": 1, "engine": "batched", **SETTINGS["dirichlet"]})
     initial = round_pieces(data, cfg)[0].state_dict()
     fp32 = fk.run(cfg, data=data).model.state_dict()
-    bf16 = fk.run(cfg, data=data, precision="bf16").model.state_dict()
+    bf16 = fk.run(cfg, data=data, precision="bf16", **options).model.state_dict()
     assert all(t.dtype == torch.float32 for t in bf16.values())  # the master weights stay fp32
     moved = [n for n in fp32 if not torch.equal(fp32[n], initial[n])]
     assert moved
@@ -268,3 +311,62 @@ def test_bf16_round_stays_close_to_fp32(data, algorithm):
 def test_bf16_needs_the_batched_engine(data):
     with pytest.raises(FeddrKitError, match="batched"):
         fk.run(fk.Config(**{**BASE, "rounds": 1}), data=data, engine="serial", precision="bf16")
+
+
+@pytest.mark.parametrize("option", ["channels_last", "fused_sgd"])
+def test_batched_options_need_the_batched_engine(data, option):
+    with pytest.raises(FeddrKitError, match=f"{option}=True needs engine='batched'"):
+        fk.run(fk.Config(**{**BASE, "rounds": 1}), data=data, engine="serial", **{option: True})
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_tf32_sets_the_cuda_flags_for_the_run_and_restores_them(monkeypatch, tf32):
+    """The flags are only Python settings, so a CUDA device object checks them without a GPU; on CPU they are left alone."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what a deterministic CUDA run would set
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    with engine.kernel_settings(True, torch.device("cuda"), tf32=tf32):
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32)
+    with engine.kernel_settings(True, torch.device("cpu"), tf32=not before[0]):
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_tf32_is_recorded_and_changes_nothing_on_cpu(data, tmp_path):
+    cfg = fk.Config(**{**BASE, "rounds": 2, "engine": "serial"})
+    on = fk.run(cfg, data=data, out_dir=str(tmp_path / "on"))
+    off = fk.run(cfg, data=data, tf32=False, out_dir=str(tmp_path / "off"))
+    assert json.loads((tmp_path / "off" / "config.json").read_text())["tf32"] is False
+    assert json.loads((tmp_path / "on" / "config.json").read_text())["tf32"] is True
+    assert on.history.drop(columns="seconds").equals(off.history.drop(columns="seconds"))
+
+
+READ_BACKS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy")
+
+
+@pytest.mark.parametrize("engine_name", ["serial", "batched"])
+def test_no_host_read_back_per_local_step(data, monkeypatch, engine_name):
+    """Reading a tensor's value on the host waits for the device; on a GPU one such wait per step leaves it idle.
+    A round's read-backs (the divergence check on the summed losses, evaluation) must not grow with its steps:
+    three local epochs read back as often as one."""
+    counts = []
+
+    def spy(name):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, **kw):
+            counts.append(name)
+            return original(self, *a, **kw)
+        return counted
+
+    def read_backs(epochs: int) -> int:
+        cfg = fk.Config(**{**BASE, "algorithm": "feddr+", "rounds": 1, "engine": engine_name, "local_epochs": epochs,
+                           **SETTINGS["dirichlet"]})
+        with monkeypatch.context() as patch:
+            for name in READ_BACKS:
+                patch.setattr(torch.Tensor, name, spy(name))
+            counts.clear()
+            fk.run(cfg, data=data)
+            return len(counts)
+
+    one, three = read_backs(1), read_backs(3)
+    assert one > 0 and three == one
