@@ -26,9 +26,17 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats as _st
 
 from .errors import FeddrKitError
+
+
+def _scipy_stats():
+    """``scipy.stats``, imported at first use: the sweep imports this module, so ``import feddr_kit`` would
+    otherwise need scipy, which a bare GPU machine (torch, torchvision, pandas) does not have."""
+    from scipy import stats
+
+    return stats
+
 
 HELD, TIE, NOT_HELD, UNTESTABLE = "held", "tie (within the interval)", "did not hold", "untestable here"
 VERDICTS = (HELD, TIE, NOT_HELD, UNTESTABLE)
@@ -118,7 +126,7 @@ def interval(values: Iterable[float], confidence: float = 0.95) -> Interval:
     if n < 2:
         return _untestable(mean, n, confidence, "t")
     sem = float(x.std(ddof=1)) / math.sqrt(n)
-    half = float(_st.t.ppf((1 + confidence) / 2, n - 1)) * sem
+    half = float(_scipy_stats().t.ppf((1 + confidence) / 2, n - 1)) * sem
     return Interval(mean, mean - half, mean + half, n, confidence, "t")
 
 
@@ -144,7 +152,7 @@ def bootstrap_interval(values: Iterable[float], confidence: float = 0.95, *, n_r
         return Interval(math.nan, math.nan, math.nan, n, confidence, label)
     if np.ptp(x) == 0:  # every resample has the same mean; BCa would divide by zero
         return Interval(mean, mean, mean, n, confidence, label)
-    res = _st.bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
+    res = _scipy_stats().bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
                         method=method, rng=np.random.default_rng(seed))
     return Interval(mean, float(res.confidence_interval.low), float(res.confidence_interval.high), n, confidence, label)
 
@@ -169,7 +177,7 @@ def difference(a: Sequence[float], b: Sequence[float], paired: bool = True, conf
         return _untestable(mean, n, confidence, "welch")
     if x.var(ddof=1) == 0 and y.var(ddof=1) == 0:  # both constant: Welch's df is 0/0
         return Interval(mean, mean, mean, n, confidence, "welch")
-    ci = _st.ttest_ind(x, y, equal_var=False).confidence_interval(confidence)
+    ci = _scipy_stats().ttest_ind(x, y, equal_var=False).confidence_interval(confidence)
     return Interval(mean, float(ci.low), float(ci.high), n, confidence, "welch")
 
 
