@@ -128,16 +128,26 @@ def build_parser(typed_only: bool = False) -> argparse.ArgumentParser:
     sweep_parser = sub.choices["sweep"]
     add_config_file(sweep_parser)
     add_config_flags(sweep_parser, skip=SWEEP_SET, typed_only=typed_only)
-    flower = sub.add_parser("flower", allow_abbrev=False, help="run one federated training under Flower's `flwr run` simulation "
-                            "(needs pip install -e \".[flower]\")", formatter_class=_DefaultsFormatter,
+    flower = sub.add_parser("flower", allow_abbrev=False, help="run one federated training under Flower's `flwr run` simulation, "
+                            "or on a running SuperLink and SuperNodes (needs pip install -e \".[flower]\")",
+                            formatter_class=_DefaultsFormatter,
                             description="Writes the Flower App (pyproject.toml with the Config fields) and FLWR_HOME "
                                         "under --out-dir, starts a SuperLink there, runs `flwr run ... --stream`, stops "
                                         "the SuperLink and checks the result files. Needs Flower's simulation extra "
-                                        "(Ray): pip install -e \".[flower]\". Example: " + FLOWER_EXAMPLE)
+                                        "(Ray): pip install -e \".[flower]\". With --federation deployment it starts "
+                                        "nothing: `flwr run` goes to the SuperLink at --superlink, whose SuperNodes (one "
+                                        "per client) run the clients; run it on the SuperLink's machine, where the "
+                                        "ServerApp writes --out-dir. Example: " + FLOWER_EXAMPLE)
     add_config_file(flower)
     add_config_flags(flower, skip=FLOWER_UNSUPPORTED, typed_only=typed_only)
+    flower.add_argument("--federation", choices=("local", "deployment"), default="local",
+                        help="local: a SuperLink of its own and Flower's simulation (Ray); deployment: the SuperLink at "
+                             "--superlink and its SuperNodes, started beforehand")
+    flower.add_argument("--superlink", metavar="HOST:PORT", default=None,
+                        help="with --federation deployment: the SuperLink's address (no TLS: a closed network)")
     flower.add_argument("--num-supernodes", type=int, default=None, help="simulated SuperNodes (default: num_clients)")
-    flower.add_argument("--startup-timeout", type=float, default=300.0, help="seconds the SuperLink may take to start")
+    flower.add_argument("--startup-timeout", type=float, default=300.0,
+                        help="seconds the SuperLink may take to start (local) or to answer (deployment)")
     flower.add_argument("--timeout", type=float, default=3600.0, help="seconds `flwr run` may take")
     flower.add_argument("--ray-num-cpus", type=_optional(int), default=1,
                         help="CPUs Ray may use, one ClientApp actor each (1: quickest Ray start-up); none: all cores")
@@ -277,14 +287,21 @@ def dispatch(args: dict, typed: dict) -> int:
 
 
 def flower_main(cfg: Config, args: dict) -> int:
-    """``python -m feddr_kit flower``: :func:`feddr_kit.flower_run.simulate`; prints the summary and timings.
-    Flower's simulation extra is checked first, so a missing Ray is one line, before anything starts."""
-    from .flower_run import check_installed, simulate
+    """``python -m feddr_kit flower``: :func:`feddr_kit.flower_run.simulate`, or with ``--federation deployment``
+    :func:`feddr_kit.flower_run.deploy`; prints the summary and timings. What the mode needs (Flower, and Ray for
+    the simulation) is checked first, so a missing one is one line, before anything starts."""
+    from .flower_run import check_installed, deploy, simulate
 
+    deployment = args["federation"] == "deployment"
     options = {k: args[k] for k in ("num_supernodes", "startup_timeout", "timeout", "ray_memory_threshold", "ray_num_cpus")}
     try:
-        check_installed()
-        timing = simulate(cfg, **options)
+        if deployment and args["superlink"] is None:
+            raise FeddrKitError("--federation deployment needs --superlink HOST:PORT, the running SuperLink's address")
+        if not deployment and args["superlink"] is not None:
+            raise FeddrKitError("--superlink is for --federation deployment (the local simulation starts a SuperLink of its own)")
+        check_installed(simulation=not deployment)
+        timing = (deploy(cfg, args["superlink"], startup_timeout=args["startup_timeout"], timeout=args["timeout"])
+                  if deployment else simulate(cfg, **options))
     except FeddrKitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

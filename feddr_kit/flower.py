@@ -29,7 +29,7 @@ evaluates the global model centrally on the test set (``configure_evaluate`` sen
 Not supported here: ``probes=True``, ``resume`` and ``engine="batched"`` (clients train one per
 message). SphereFed's calibration reads every client's training images on the server, as
 ``fk.run`` does (a shortcut a real deployment would replace by uploaded ``G_k``, ``B_k``).
-``flwr run`` itself (the App's files, the SuperLink, :func:`simulate`) is in :mod:`feddr_kit.flower_run`.
+``flwr run`` itself (the App's files, the SuperLink, :func:`simulate`, :func:`deploy`) is in :mod:`feddr_kit.flower_run`.
 
 Needs ``pip install 'feddr_kit[flower]'``; ``import feddr_kit`` never imports this module.
 """
@@ -51,7 +51,7 @@ from .config import Config
 from .data import ImageData
 from .errors import FeddrKitError
 from .flower_run import (APP_DIR, FLWR_HOME_DIR, TIMING, UNSUPPORTED, check_outcome, check_supported,  # noqa: F401
-                         config_from_run_config, config_to_run_config, simulate, write_app, write_flwr_home)
+                         config_from_run_config, config_to_run_config, deploy, simulate, write_app, write_flwr_home)
 from .partition import Partition
 from .roundlog import Result, RoundLog
 from .rundir import write_json

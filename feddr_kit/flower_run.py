@@ -4,7 +4,8 @@
 Flower run config (flat bool/int/float/str values); :func:`write_app` and :func:`write_flwr_home`
 write the App's ``pyproject.toml`` and a ``FLWR_HOME``; :func:`simulate` starts a SuperLink of its own,
 runs ``flwr run`` with the local simulation (Ray), stops every process it started and checks the
-result files (:func:`check_outcome`). The apps themselves are in :mod:`feddr_kit.flower`.
+result files (:func:`check_outcome`); :func:`deploy` runs ``flwr run`` on a SuperLink and SuperNodes
+already running (deployment) with the same checks. The apps themselves are in :mod:`feddr_kit.flower`.
 
 This module does not import Flower: the processes it starts do.
 """
@@ -31,6 +32,7 @@ from .errors import FeddrKitError
 from .methods import ALGORITHMS
 
 APP_DIR, FLWR_HOME_DIR, TIMING = "flower_app", "flwr_home", "flower_timing.json"
+LOCAL, DEPLOYMENT = "local", "deployment"  # the SuperLink connections FLWR_HOME names, as `flwr run` takes them
 UNSUPPORTED = {"probes": True, "engine": "batched"}
 
 
@@ -61,13 +63,23 @@ def config_from_run_config(run_config: dict[str, Any]) -> Config:
 INSTALL = 'pip install -e ".[flower]"'
 
 
-def check_installed() -> None:
-    """Raise a one-line :class:`FeddrKitError` naming ``pip install -e ".[flower]"`` when Flower or its
-    simulation engine (Ray) is missing, which ``flwr run`` would otherwise report only after its start-up."""
-    missing = [name for name in ("flwr", "ray") if importlib.util.find_spec(name) is None]
+def check_installed(simulation: bool = True) -> None:
+    """Raise a one-line :class:`FeddrKitError` naming ``pip install -e ".[flower]"`` when Flower or, for the
+    ``simulation``, its engine (Ray) is missing, which ``flwr run`` would otherwise report only after its
+    start-up. A deployment needs no Ray: the SuperNodes run the clients."""
+    wanted = ("flwr", "ray") if simulation else ("flwr",)
+    missing = [name for name in wanted if importlib.util.find_spec(name) is None]
     if missing:
-        raise FeddrKitError(f"the flower command needs Flower's simulation extra ({' and '.join(missing)} not installed): "
-                            f"{INSTALL}")
+        what = "Flower's simulation extra" if simulation else "Flower"
+        raise FeddrKitError(f"the flower command needs {what} ({' and '.join(missing)} not installed): {INSTALL}")
+
+
+def check_superlink(address: str) -> str:
+    """``address`` if it reads HOST:PORT (a port number after the last colon), else a :class:`FeddrKitError`."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise FeddrKitError(f"superlink: expected HOST:PORT (the SuperLink's address, e.g. 127.0.0.1:8000), got {address!r}")
+    return address
 
 
 def check_supported(cfg: Config) -> None:
@@ -103,21 +115,29 @@ def write_app(cfg: Config, app_dir: Path) -> Path:
     return path
 
 
-def write_flwr_home(flwr_home: Path) -> Path:
-    """Write ``FLWR_HOME/config.toml``: one SuperLink connection, ``local``, the managed local SuperLink."""
+def write_flwr_home(flwr_home: Path, superlink: str | None = None) -> Path:
+    """Write ``FLWR_HOME/config.toml`` with one SuperLink connection: ``local``, the managed local SuperLink,
+    or, given ``superlink`` (HOST:PORT), ``deployment``, that SuperLink without TLS (a closed network)."""
     flwr_home.mkdir(parents=True, exist_ok=True)
     path = flwr_home / "config.toml"
-    rundir.write_text(path, '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n')
+    if superlink is None:
+        text = f'[superlink]\ndefault = "{LOCAL}"\n\n[superlink.{LOCAL}]\naddress = ":local:"\n'
+    else:
+        text = (f'[superlink]\ndefault = "{DEPLOYMENT}"\n\n[superlink.{DEPLOYMENT}]\n'
+                f'address = "{check_superlink(superlink)}"\ninsecure = true\n')
+    rundir.write_text(path, text)
     return path
 
 
-def check_outcome(cfg: Config, out_dir: Path) -> dict:
+def check_outcome(cfg: Config, out_dir: Path, logs: str | None = None) -> dict:
     """The run's ``summary.json`` once it is complete; a :class:`FeddrKitError` when a result file is
-    missing or the run stopped early (``flwr run --stream`` exits 0 even when the ServerApp crashed)."""
+    missing or the run stopped early (``flwr run --stream`` exits 0 even when the ServerApp crashed).
+    ``logs``: where the error says to look besides the log above (default: the local SuperLink's log)."""
     missing = [n for n in ("config.json", "history.csv", "summary.json", "checkpoint.pt") if not (out_dir / n).exists()]
     if missing:
+        logs = logs or f"{out_dir / FLWR_HOME_DIR}/local-superlink/superlink.log"
         raise FeddrKitError(f"the Flower run left no {', '.join(missing)} in {out_dir}: it failed; see the log above "
-                            f"and {out_dir / FLWR_HOME_DIR}/local-superlink/superlink.log")
+                            f"and {logs}")
     summary = json.loads((out_dir / "summary.json").read_text())
     if summary.get("rounds") != cfg.rounds:
         raise FeddrKitError(f"the Flower run stopped at round {summary.get('rounds')} of {cfg.rounds}")
@@ -125,19 +145,26 @@ def check_outcome(cfg: Config, out_dir: Path) -> dict:
 
 
 # --------------------------------------------------------------------------- the processes
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS's pick)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def flwr_environment(home: Path) -> dict:
+    """This process's environment for Flower's commands: this ``FLWR_HOME`` (not the user's ``~/.flwr``), no
+    runtime dependency installation (so no second torch is installed), no update checks, and this Python's
+    ``bin`` first on PATH (the SuperLink and SuperNodes start ``flower-superexec`` by name)."""
+    return {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 def _environment(home: Path, http_port: int, startup_timeout: float, ray_memory_threshold: float | None) -> dict:
-    """The environment of the SuperLink and of ``flwr run``: this ``FLWR_HOME``, no runtime dependency
-    installation (so no second torch is installed), no update checks, the port, and Ray's start-up limits."""
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_DISABLE_UPDATE_CHECK": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # flower-superexec
+    """The environment of the local SuperLink and of ``flwr run`` (:func:`flwr_environment`): the port, and
+    Ray's start-up limits."""
+    env = {**flwr_environment(home), "RAY_USAGE_STATS_ENABLED": "0", "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(http_port)}
     if ray_memory_threshold is not None:
         env["RAY_memory_usage_threshold"] = str(ray_memory_threshold)
     # Ray's raylet gives its dashboard agent a few seconds to start; a loaded machine needs more
@@ -157,20 +184,24 @@ def _start_superlink(home: Path, http_port: int, env: dict) -> subprocess.Popen:
                             start_new_session=True)  # its own process group: stopped with all it started
 
 
-def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> None:
+def wait_healthy(address: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Return once the SuperLink at ``address`` (HOST:PORT, no TLS) answers ``/health``: ``flwr run`` gives up at
+    once on a SuperLink still starting. A :class:`FeddrKitError` when ``proc`` (the SuperLink, where this
+    process started it) exits first, or nothing answers within ``timeout`` seconds."""
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise FeddrKitError(f"the SuperLink exited with code {proc.returncode} while starting")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0).is_success:
+            if httpx.get(f"http://{address}/health", timeout=2.0).is_success:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise FeddrKitError(f"the SuperLink did not answer within {timeout:.0f} s (a loaded machine: raise --startup-timeout)")
+    raise FeddrKitError(f"the SuperLink at {address} did not answer within {timeout:.0f} s (not started yet, or a "
+                        "loaded machine: raise --startup-timeout)")
 
 
 def _process_groups_under(pid: int) -> set[int]:
@@ -187,8 +218,9 @@ def _process_groups_under(pid: int) -> set[int]:
     return groups
 
 
-def _stop(link: subprocess.Popen) -> None:
-    """Stop the SuperLink ``link`` and every process group it and its children started."""
+def stop_tree(link: subprocess.Popen) -> None:
+    """Stop ``link`` (a SuperLink or a SuperNode started with ``start_new_session=True``) and every process
+    group it and its children started: SIGTERM, then SIGKILL to what is left."""
     try:
         groups = _process_groups_under(link.pid)
     except ProcessLookupError:
@@ -241,13 +273,7 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
     ServerApp's first round (SuperLink, app build, Ray and ServerApp start-up), each round's seconds,
     the global model's size and the run's summary.
     """
-    check_supported(cfg)
-    if not cfg.out_dir:
-        raise FeddrKitError("out_dir: the flower command needs an out_dir (the app, FLWR_HOME and the results go there)")
-    found = [name for name in rundir.RESULT_FILES if (Path(cfg.out_dir) / name).exists()]
-    if found and not cfg.overwrite:  # said here, as a Flower run cannot be resumed (claim's message offers that)
-        raise FeddrKitError(f"out_dir: {cfg.out_dir} already holds a run's results ({', '.join(found)}); pass "
-                            "overwrite=True (--overwrite) to replace them, or another out_dir (a Flower run is not resumed)")
+    _check_run(cfg)
     check_installed()
     nodes = num_supernodes or cfg.num_clients
     if nodes < cfg.num_clients:
@@ -259,25 +285,83 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
         app = write_app(cfg, out_dir / APP_DIR).parent
         home = out_dir / FLWR_HOME_DIR
         write_flwr_home(home)
-        http_port = _free_port()  # one port serves the Runtime, Control and Fleet HTTP APIs
+        http_port = free_port()  # one port serves the Runtime, Control and Fleet HTTP APIs
         env = _environment(home, http_port, startup_timeout, ray_memory_threshold)
         link = _start_superlink(home, http_port, env)
         with _sigterm_exits():
             try:
-                _wait_healthy(http_port, link, startup_timeout)
+                wait_healthy(f"127.0.0.1:{http_port}", startup_timeout, link)
                 t_link = time.time()
                 federation = f"num-supernodes={nodes}" + (
                     f" init-args-num-cpus={ray_num_cpus} client-resources-num-cpus=1" if ray_num_cpus else "")
-                run_cmd = [str(Path(sys.executable).parent / "flwr"), "run", str(app), "local",
-                           "--federation-config", federation] + (["--stream"] if stream else [])
-                done = subprocess.run(run_cmd, env=env, cwd=out_dir, timeout=timeout)
-                if done.returncode != 0:
-                    raise FeddrKitError(f"flwr run exited with code {done.returncode}")
+                _flwr_run(app, LOCAL, env, timeout, stream, "--federation-config", federation)
             finally:
-                _stop(link)
+                stop_tree(link)
         summary = check_outcome(cfg, out_dir)
-        timing = json.loads((out_dir / TIMING).read_text()) if (out_dir / TIMING).exists() else {}
-    return {"wall_s": time.time() - t_launch, "superlink_start_s": t_link - t_launch,
-            "first_round_start_s": timing.get("first_round_start", math.nan) - t_launch,
-            "round_seconds": timing.get("round_seconds", []),
-            "model_bytes": timing.get("model_bytes"), "summary": summary}
+        timings = _timings(out_dir, t_launch)
+    return {"wall_s": time.time() - t_launch, "superlink_start_s": t_link - t_launch, **timings, "summary": summary}
+
+
+def deploy(cfg: Config, superlink: str, *, startup_timeout: float = 300.0, timeout: float = 3600.0,
+           stream: bool = True) -> dict:
+    """Run ``cfg`` under ``flwr run`` on a SuperLink already running at ``superlink`` (HOST:PORT, no TLS)
+    with one SuperNode per client (``--node-config "partition-id=k num-partitions=K"``), and return its timings.
+
+    Writes the app (:func:`write_app`) and a ``FLWR_HOME`` whose one connection, ``deployment``, is that
+    SuperLink (:func:`write_flwr_home`) under ``cfg.out_dir`` (claimed for the run), runs ``flwr run APP
+    deployment --stream`` once the SuperLink answers (within ``startup_timeout`` seconds) and checks the
+    result files (:func:`check_outcome`). It starts and stops no SuperLink or SuperNode. The ServerApp runs
+    on the SuperLink's machine and writes the results into ``out_dir`` there (as this machine's absolute
+    path), so the checks pass when this runs on that machine, or where both see the same folder.
+
+    Returns ``{"wall_s", "first_round_start_s", "round_seconds", "model_bytes", "summary"}`` as
+    :func:`simulate` does (without a SuperLink's start-up).
+    """
+    _check_run(cfg)
+    check_superlink(superlink)
+    check_installed(simulation=False)
+    t_launch = time.time()
+    with rundir.claim(Path(cfg.out_dir), resume=False, overwrite=cfg.overwrite) as out_dir:
+        out_dir = out_dir.resolve()
+        cfg = cfg.replace(out_dir=str(out_dir), progress=False)
+        app = write_app(cfg, out_dir / APP_DIR).parent
+        home = out_dir / FLWR_HOME_DIR
+        write_flwr_home(home, superlink)
+        with _sigterm_exits():
+            wait_healthy(superlink, startup_timeout)
+            _flwr_run(app, DEPLOYMENT, flwr_environment(home), timeout, stream)
+        summary = check_outcome(cfg, out_dir, logs=f"the SuperLink's and SuperNodes' logs (the ServerApp writes "
+                                                   f"{out_dir} on the SuperLink's machine)")
+        timings = _timings(out_dir, t_launch)
+    return {"wall_s": time.time() - t_launch, **timings, "summary": summary}
+
+
+def _check_run(cfg: Config) -> None:
+    """Refuse, before anything starts, what Flower does not run and an out_dir that is missing or already used."""
+    check_supported(cfg)
+    if not cfg.out_dir:
+        raise FeddrKitError("out_dir: the flower command needs an out_dir (the app, FLWR_HOME and the results go there)")
+    found = [name for name in rundir.RESULT_FILES if (Path(cfg.out_dir) / name).exists()]
+    if found and not cfg.overwrite:  # said here, as a Flower run cannot be resumed (claim's message offers that)
+        raise FeddrKitError(f"out_dir: {cfg.out_dir} already holds a run's results ({', '.join(found)}); pass "
+                            "overwrite=True (--overwrite) to replace them, or another out_dir (a Flower run is not resumed)")
+
+
+def _flwr_run(app: Path, connection: str, env: dict, timeout: float, stream: bool, *options: str) -> None:
+    """``flwr run APP CONNECTION [options] [--stream]`` in the app's parent folder; a :class:`FeddrKitError` on
+    a non-zero exit or past ``timeout`` seconds (the command is then killed)."""
+    cmd = [str(Path(sys.executable).parent / "flwr"), "run", str(app), connection, *options] + (["--stream"] if stream else [])
+    try:
+        done = subprocess.run(cmd, env=env, cwd=app.parent, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise FeddrKitError(f"flwr run took over {timeout:.0f} s (--timeout) and was stopped; in a deployment the run "
+                            f"may go on on the SuperLink: FLWR_HOME={env['FLWR_HOME']} flwr stop RUN_ID ends it") from None
+    if done.returncode != 0:
+        raise FeddrKitError(f"flwr run exited with code {done.returncode}")
+
+
+def _timings(out_dir: Path, t_launch: float) -> dict:
+    """What the ServerApp measured (:data:`TIMING`), relative to ``t_launch`` (``time.time()`` at the start)."""
+    timing = json.loads((out_dir / TIMING).read_text()) if (out_dir / TIMING).exists() else {}
+    return {"first_round_start_s": timing.get("first_round_start", math.nan) - t_launch,
+            "round_seconds": timing.get("round_seconds", []), "model_bytes": timing.get("model_bytes")}

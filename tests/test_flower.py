@@ -3,7 +3,8 @@
 The fast tests call the ClientApp (``app(message, context)``) and the strategy directly, in this
 process (no Ray, no SuperLink), through :class:`feddr_kit.flower.InProcessGrid`; they need plain
 ``flwr``. The real ``flwr run`` simulation is slow (Ray start-up) and runs only where
-``flwr[simulation]`` is installed and ``FEDDR_FLOWER_SIMULATION=1`` asks for it.
+``flwr[simulation]`` is installed and ``FEDDR_FLOWER_SIMULATION=1`` asks for it. The deployment, with a real
+SuperLink and SuperNodes, is tests/test_flower_deployment.py.
 """
 import json
 import os
@@ -156,6 +157,38 @@ def test_unsupported_settings_and_missing_results_fail_loudly(tmp_path):
         flower.simulate(fk.Config(dataset="synthetic"))
 
 
+@pytest.mark.parametrize("superlink", [None, "127.0.0.1:8000"])
+def test_flwr_home_names_the_one_superlink_flower_reads(tmp_path, monkeypatch, superlink):
+    """Flower itself reads the FLWR_HOME written: the managed local SuperLink, or the deployment's, without TLS."""
+    from flwr.cli.flower_config import read_superlink_connection
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    flower.write_flwr_home(tmp_path, superlink)
+    connection = read_superlink_connection()  # the default one, as `flwr run APP` without a name takes it
+    if superlink is None:
+        assert (connection.name, connection.address) == ("local", ":local:")
+    else:
+        assert (connection.name, connection.address, connection.insecure) == ("deployment", superlink, True)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "localhost:", ":8000", "host:port", "host:70000"])
+def test_a_superlink_address_must_read_host_port(tmp_path, address):
+    with pytest.raises(FeddrKitError, match="HOST:PORT"):
+        flower.write_flwr_home(tmp_path, address)
+    assert not (tmp_path / "config.toml").exists()
+
+
+@pytest.mark.parametrize("typed, says", [(["--federation", "deployment"], "needs --superlink"),
+                                         (["--superlink", "127.0.0.1:8000"], "is for --federation deployment")])
+def test_the_deployment_flags_go_together(tmp_path, capsys, typed, says):
+    from feddr_kit.__main__ import main
+
+    assert main(["flower", "--dataset", "synthetic", "--out-dir", str(tmp_path / "f"), *typed]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err
+    assert not (tmp_path / "f").exists()  # refused before anything was written
+
+
 def test_upload_kinds_are_declared_and_checked():
     algo = fk.algorithms.get_algorithm(fk.Config(algorithm="fedexp"))
     scalars, arrays = flower.pack_uploads(algo, {"delta_sq_norm": 0.1 + 0.2})
@@ -186,7 +219,7 @@ def test_real_flwr_run_simulation_equals_fk_run(synthetic, tmp_path):
     """`python -m feddr_kit flower` (SuperLink, `flwr run`, Ray): FedDr+, 4 clients, 2 rounds, within 10 minutes."""
     args = ["--dataset", "synthetic", "--algorithm", "feddr+", "--num-clients", "4", "--clients-per-round", "3",
             "--shards-per-client", "5", "--rounds", "2", "--local-epochs", "1", "--eval-every", "1", "--lr-gamma", "1",
-            "--engine", "serial", "--device", "cpu", "--out-dir", str(tmp_path / "flower")]
+            "--device", "cpu", "--out-dir", str(tmp_path / "flower")]  # no --engine: not a flag of the command (auto: serial on CPU)
     start = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "feddr_kit", "flower", *args], cwd=REPO, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
