@@ -285,7 +285,8 @@ def collect() -> pd.DataFrame:
     table = table.assign(machine=f"{platform.machine()} {os.cpu_count()} cores, 1 torch thread per run")
     with FileLock(str(OUT) + ".lock"):
         fk.rundir.write_text(OUT, table.to_csv(index=False))
-        hist = pd.concat([h for h in hists if not h.empty], ignore_index=True)
+        hists = [h for h in hists if not h.empty]  # a diverged run has a row but no history
+        hist = pd.concat(hists, ignore_index=True) if hists else pd.DataFrame()
         fk.rundir.write_text(HISTORY_OUT, hist.to_csv(index=False))
     return table
 
