@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import re
 import tempfile
 import time
@@ -42,11 +41,7 @@ from feddr_kit.federated import lr_at, make_partition, resolve_device, sample_cl
 ENGINES = ("serial", "batched", "dataloader")
 
 
-def device_name(device: torch.device) -> str:
-    """``torch.cuda.get_device_name()`` on CUDA, ``"cpu (N cores, T threads)"`` on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+device_name = fk.engine.device_name  # ``torch.cuda.get_device_name()`` on CUDA, ``"cpu (N cores, T threads)"`` on CPU
 
 
 def sync(device: torch.device) -> None:
