@@ -29,7 +29,7 @@ from .personalize import METHODS
 SWEEP_SET = ("out_dir", "seed", "progress", "overwrite")
 # Fields the flower command has no use for: what Flower's apps refuse (probes, the batched engine) and what only
 # those use, and progress (the ServerApp prints its own).
-FLOWER_UNSUPPORTED = tuple(UNSUPPORTED) + ("probe_samples", "precision", "progress")
+FLOWER_UNSUPPORTED = tuple(UNSUPPORTED) + ("probe_samples", "precision", "channels_last", "fused_sgd", "progress")
 
 EXAMPLE = "python -m feddr_kit run --dataset synthetic --rounds 4 --out-dir runs/try"
 RESUME_EXAMPLE = "python -m feddr_kit run --out-dir runs/try --resume --rounds 8"

@@ -148,7 +148,7 @@ def client_train(msg: Message, context: Context) -> Message:
     if int(conf["client"]) != client:
         raise FeddrKitError(f"a train message for partition {conf['client']} reached the node of partition {client}")
     setup = client_setup(cfg)
-    with engine_mod.kernel_settings(cfg.deterministic, setup.device):
+    with engine_mod.kernel_settings(cfg.deterministic, setup.device, cfg.tf32):
         algo = setup.renew_algorithm()  # afresh: no state of another client can leak in
         global_state = from_record(msg.content["global"], setup.device)
         algo.receive_broadcast(from_record(msg.content["broadcast"], setup.device))
