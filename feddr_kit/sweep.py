@@ -13,8 +13,8 @@ one job each:
   (:func:`run_dir_name`: the grid's fields, then the seed, ``algorithm=feddr+__shards_per_client=5__seed=1``);
 * :mod:`feddr_kit.sweep_root`: a root's files and the state of each run folder;
 * :mod:`feddr_kit.sweep_run`: running a grid (:func:`run`), resumably: finished runs are skipped,
-  interrupted ones continue with the kit's exact resume; ``root/sweep.json`` records the base, grid
-  and seeds;
+  interrupted ones continue with the kit's exact resume, ``jobs=N`` runs N at once in processes of
+  their own; ``root/sweep.json`` records the root's one grid (:mod:`feddr_kit.sweep_root` refuses another);
 * :mod:`feddr_kit.sweep_collect`: the results gathered (:func:`collect`, :func:`histories`) and tabulated
   over seeds (:func:`table`, :func:`interval_summary`, the root's ``runs.csv`` and ``table.csv``);
 * :mod:`feddr_kit.claims`: the chapters' claims over seeds (:func:`read_results`, :func:`intervals`,

@@ -25,12 +25,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Run every grid point x seed into ROOT/<name>/ (finished runs are skipped, interrupted "
                     "ones resumed), print mean ± std over seeds, and write ROOT/runs.csv and ROOT/table.csv. GRID is "
                     'a JSON or YAML file {"base": {<Config fields>}, "grid": {"<field>": [values, ...]}, "seeds": [0, 1, 2]}. '
-                    "The base, later winning: the --config file, the grid file's base, the Config flags typed.")
+                    "The base, later winning: the --config file, the grid file's base, the Config flags typed. "
+                    "--jobs N runs N at once; Ctrl-C stops them all, and the same command continues.")
     p.add_argument("--grid", required=True, help="the grid file (JSON or YAML)")
     p.add_argument("--root", required=True, help="folder that holds one subfolder per run")
     p.add_argument("--value", default="final_acc", help="summary field shown in the table")
     p.add_argument("--retry-failed", action="store_true", help="run again the runs that left error.txt")
     p.add_argument("--no-progress", action="store_true", help="no progress bar and per-run lines")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="runs at once, each in a process of its own (CPU cores, or processes sharing one GPU); default 1")
+    p.add_argument("--threads", type=int, default=None, metavar="T",
+                   help="torch threads per run (default: 1 per run with --jobs above 1, else torch's default)")
     return p
 
 
@@ -53,7 +58,7 @@ def main(args: Mapping[str, Any]) -> int:
         # the --config file under the grid file's base, under the Config flags typed
         base = {**args.get("base_file", {}), **base, **args.get("base_flags", {})}
         df = run_sweep(base, grid, seeds, args["root"], progress=not args.get("no_progress", False),
-                       retry_failed=args.get("retry_failed", False))
+                       retry_failed=args.get("retry_failed", False), jobs=args.get("jobs", 1), threads=args.get("threads"))
     except FeddrKitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ ROOT = "feddr_kit"
 
 FLOORS = {
     1: ["errors", "losses", "probes", "heads", "streams", "instruments", "progress"],  # pure: tensors in, tensors out; progress display
-    2: ["data", "partition", "models", "stats", "paper", "rundir", "tblog"],  # data, models, statistics, the run's folder
+    2: ["data", "partition", "models", "stats", "paper", "rundir", "tblog", "workers"],  # data, models, statistics, the run's folder; tasks in processes side by side
     3: ["clients", "schedule", "local", "evaluation"],  # who holds what; the server's schedule; one client; evaluation
     4: ["methods.base"],  # what a method is: Algorithm and the registry
     5: ["methods.global_fl", "methods.baselines", "methods.personalized", "methods", "algorithms"],  # the methods

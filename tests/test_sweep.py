@@ -3,6 +3,7 @@ and the papermill grid. Runs are tiny synthetic federations (2 rounds, 2 clients
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -152,15 +153,147 @@ def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, tiny, monkeypatc
     sweep.run(BASE, {"lr": [0.5, 0.05]}, [0], tmp_path, data=tiny, progress=False)
 
 
+# --------------------------------------------------------------------------- runs side by side (jobs)
+TIMING = ["seconds", "sec_per_round", "total_seconds"]
+
+
+def _finished_runs(root: Path) -> dict[str, tuple[pd.DataFrame, dict]]:
+    """Every finished run's history and summary, timings left out."""
+    out = {}
+    for folder in sorted(p for p in root.iterdir() if (p / "summary.json").exists()):
+        summary = {k: v for k, v in json.loads((folder / "summary.json").read_text()).items() if k not in TIMING}
+        out[folder.name] = (pd.read_csv(folder / "history.csv").drop(columns="seconds"), summary)
+    return out
+
+
+def _assert_same_runs(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        pd.testing.assert_frame_equal(a[name][0], b[name][0], check_exact=True, obj=name)  # bit for bit
+        assert a[name][1] == b[name][1], name
+
+
+def _grid_file(path: Path, base: dict, grid: dict, seeds=(0,)) -> Path:
+    path.write_text(json.dumps({"base": base, "grid": grid, "seeds": list(seeds)}))
+    return path
+
+
+def report_threads(row):
+    """A callback that ends its run with the torch threads of the process it runs in (module-level: it pickles)."""
+    raise FeddrKitError(f"this run had {torch.get_num_threads()} torch thread(s)")
+
+
+def test_jobs_2_gives_the_serial_numbers_bit_for_bit(tmp_path, tiny):
+    grid = {"algorithm": ["fedavg", "dr"]}
+    serial = sweep.run(BASE, grid, [0, 1], tmp_path / "serial", data=tiny, progress=False)  # one torch thread here
+    side = sweep.run(BASE, grid, [0, 1], tmp_path / "side", data=tiny, progress=False, jobs=2)  # one per run by default
+    assert list(side["name"]) == list(serial["name"]) and set(side["status"]) == {"done"}
+    _assert_same_runs(_finished_runs(tmp_path / "serial"), _finished_runs(tmp_path / "side"))
+    pd.testing.assert_frame_equal(serial.drop(columns=TIMING[1:]), side.drop(columns=TIMING[1:]), check_exact=True)
+
+
+def test_jobs_run_each_run_on_the_threads_asked_one_by_default(tmp_path, tiny):
+    base = {**BASE, "rounds": 1}
+    df = sweep.run(base, {"algorithm": ["fedavg", "dr"]}, [0], tmp_path / "a", data=tiny, progress=False, jobs=2,
+                   callback=report_threads)
+    assert list(df["error"]) == ["FeddrKitError: this run had 1 torch thread(s)"] * 2
+    df = sweep.run(base, {"algorithm": ["fedavg"]}, [0], tmp_path / "b", data=tiny, progress=False, jobs=2, threads=2,
+                   callback=report_threads)
+    assert list(df["error"]) == ["FeddrKitError: this run had 2 torch thread(s)"]
+    with pytest.raises(FeddrKitError, match="callback: with jobs > 1 .* module-level function"):
+        sweep.run(base, {"algorithm": ["fedavg"]}, [0], tmp_path / "c", data=tiny, jobs=2, callback=lambda row: None)
+    with pytest.raises(FeddrKitError, match="jobs must be an integer >= 1, got 0"):
+        sweep.run(base, {"algorithm": ["fedavg"]}, [0], tmp_path / "c", data=tiny, jobs=0)
+
+
+def test_jobs_leave_a_folder_that_another_process_holds_untouched(tmp_path, tiny):
+    from feddr_kit import rundir
+
+    grid, held = {"algorithm": ["fedavg", "dr"]}, tmp_path / "algorithm=dr__seed=0"
+    with rundir.claim(held, resume=False, overwrite=False):  # a live run, to the sweep's processes another process
+        (held / "config.json").write_text(fk.Config(**BASE, algorithm="dr").to_json())
+        before = {p.name: p.read_bytes() for p in held.iterdir()}
+        df = sweep.run(BASE, grid, [0], tmp_path, data=tiny, progress=False, jobs=2)
+        assert {p.name: p.read_bytes() for p in held.iterdir()} == before  # no point.json, no error.txt, no run
+        assert dict(zip(df["name"], df["status"])) == {"algorithm=fedavg__seed=0": "done", "algorithm=dr__seed=0": "partial"}
+    df = sweep.run(BASE, grid, [0], tmp_path, data=tiny, progress=False, jobs=2)  # once it is free, the sweep runs it
+    assert list(df["status"]) == ["done", "done"]
+
+
+def test_jobs_show_the_progress_of_every_run(tmp_path, tiny, monkeypatch, capsys):
+    monkeypatch.setenv("FEDDR_PROGRESS", "lines")  # as in a log: plain lines
+    sweep.run(BASE, {"algorithm": ["fedavg", "dr"]}, [0], tmp_path, data=tiny, jobs=2)
+    err = capsys.readouterr().err
+    assert "2 runs at once, each in a process of its own with 1 torch thread(s)" in err, err
+    for name in ("algorithm=fedavg__seed=0", "algorithm=dr__seed=0"):
+        assert f"{name}: 0/2 rounds" in err and f"{name}: 2/2 rounds (100%)" in err, err  # its rounds, as it goes
+        assert f"{name}: final accuracy" in err, err
+    assert "sweep: 2/2 runs (100%)" in err, err
+
+
+# The killed sweep: 2 × 2 runs of 30 rounds, a checkpoint every round, 2 at once.
+KILLED_BASE = {**BASE, "rounds": 30}
+KILLED_GRID = {"algorithm": ["fedavg", "dr"]}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, synthetic):
+    """The killed sweep's grid run serially in this process, on the dataset its processes load."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    sweep.run(KILLED_BASE, KILLED_GRID, [0, 1], root, progress=False)
+    return _finished_runs(root)
+
+
+def _live_processes(group: int) -> list[int]:
+    """The processes of a process group that are still running (a zombie, which only waits to be reaped, is not)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] not in "ZX":
+            live.append(int(stat.parent.name))
+    return live
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
+@pytest.mark.parametrize("how", ["SIGINT to the sweep alone", "SIGINT to every process", "SIGKILL to every process"])
+def test_an_interrupted_or_killed_jobs_sweep_stops_every_run_and_resumes_exactly(tmp_path, uninterrupted, how):
+    """Ctrl-C in a notebook reaches the sweep alone, in a terminal every process; a kill -9 leaves no time to
+    clean up. The interrupt is sent once two runs are under way (each has a checkpoint, neither a summary)."""
+    root, grid = tmp_path / "root", _grid_file(tmp_path / "grid.json", KILLED_BASE, KILLED_GRID, seeds=[0, 1])
+    cmd = [sys.executable, "-m", "feddr_kit", "sweep", "--grid", str(grid), "--root", str(root), "--jobs", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FEDDR_PROGRESS": "lines"}
+    sweep_process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)  # a process group of its own, as a terminal gives
+    under_way = []
+    while len(under_way) < 2 and sweep_process.poll() is None:
+        under_way = [p.parent for p in root.glob("*/checkpoint.pt") if not (p.parent / "summary.json").exists()]
+    signum = signal.SIGKILL if how.startswith("SIGKILL") else signal.SIGINT
+    if how.endswith("alone"):
+        os.kill(sweep_process.pid, signum)
+    else:
+        os.killpg(sweep_process.pid, signum)
+    out, err = sweep_process.communicate(timeout=600)
+    assert len(under_way) == 2, (out, err)
+    assert not _live_processes(sweep_process.pid)  # every run's process stopped with the sweep
+    if signum == signal.SIGINT:
+        assert sweep_process.returncode == 130, err
+        assert "interrupted: the last checkpoint is kept" in err and "Traceback" not in err, err
+        assert not list(root.glob("**/.lock"))  # every folder released
+        assert not any((folder / "summary.json").exists() for folder in under_way)  # stopped, not run to the end
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert ("taking over the lock" in again.stderr) == (signum == signal.SIGKILL), again.stderr
+    assert all(f"{folder.name}: resumed" in again.stderr for folder in under_way), again.stderr
+    _assert_same_runs(uninterrupted, _finished_runs(root))
+
+
 # --------------------------------------------------------------------------- one grid per root
 # The example of two grids that share a root: one varies the algorithm at lr 0.05, the other FedAvg's lr.
 ALGORITHMS = (BASE, {"algorithm": ["fedavg", "dr"]})
 FEDAVG_LRS = ({**BASE, "algorithm": "fedavg"}, {"lr": [0.05, 0.1]})
-
-
-def _grid_file(path: Path, base: dict, grid: dict) -> Path:
-    path.write_text(json.dumps({"base": base, "grid": grid, "seeds": [0]}))
-    return path
 
 
 def test_a_root_refuses_a_second_grid_naming_both(tmp_path, tiny):
