@@ -8,11 +8,13 @@ or ``.safetensors`` (when the ``safetensors`` package is installed), and next to
 model name, the class names, the input normalization and the run's Config. :func:`load_model`
 rebuilds the :class:`~feddr_kit.models.Net` from the two.
 
+Both files are written atomically and read through the run folder's checked readers
+(:mod:`feddr_kit.rundir`): a broken file is one line naming it, never a half-written file left behind.
+
 Command line: ``python -m feddr_kit export RUN_DIR --to model.pt``.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,10 @@ import torch
 from .build import build_algorithm
 from .clients import load_data
 from .config import Config
-from .errors import FeddrKitError
+from .errors import FeddrKitError, StorageError
 from .models import Net
-from .rundir import CHECKPOINT, write_json
+from .rundir import (CHECKPOINT, atomic_write, load_checkpoint, read_checked, read_json, read_weights, writable_folder,
+                     write_json)
 
 FORMAT = 1  # the layout of the JSON this code writes and reads
 SUFFIXES = (".pt", ".safetensors")
@@ -61,57 +64,80 @@ def export_model(run_dir: str | Path, to: str | Path) -> Path:
     """Write the finished run in ``run_dir``'s reported global weights to ``to`` (``.pt`` or ``.safetensors``)
     and its description to :func:`sidecar` (model, algorithm, classes, image shape, normalization, round,
     Config). Loads the run's dataset once for the class names and the normalization. Raises a one-line
-    :class:`FeddrKitError` for a folder that holds no finished run or a file name of another kind.
+    :class:`FeddrKitError` for a folder that holds no finished run (or a broken one), a file name of another
+    kind or a destination that cannot be written (checked before any work), and a
+    :class:`~feddr_kit.errors.StorageError` when a write fails (then neither file of the pair is left).
     Returns the JSON's path."""
     run_dir, to = Path(run_dir), Path(to)
     if to.suffix not in SUFFIXES:
         raise FeddrKitError(f"--to: {to} must end in .pt or .safetensors")
     if to.suffix == ".safetensors":
         _safetensors()
+    if to.is_dir():
+        raise FeddrKitError(f"--to: {to} is a folder; pass a file name ending in .pt or .safetensors")
     if not (run_dir / CHECKPOINT).is_file() or not (run_dir / "config.json").is_file():
         raise FeddrKitError(f"{run_dir} is not a run folder (no config.json and {CHECKPOINT})")
-    cfg = Config.from_dict(json.loads((run_dir / "config.json").read_text()))
-    ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=False)
-    if ckpt["next_round"] < cfg.rounds:
-        raise FeddrKitError(f"{run_dir}: the run stopped after {ckpt['next_round']} of {cfg.rounds} rounds; "
-                            "resume it to the end first (python -m feddr_kit run --out-dir DIR --resume)")
-    data = load_data(cfg)
-    state = _reported_state(cfg, ckpt, data.num_classes, data.image_shape)
-    to.parent.mkdir(parents=True, exist_ok=True)
-    if to.suffix == ".safetensors":
-        _safetensors().save_file(state, str(to))
-    else:
-        torch.save(state, to)
-    info = {"format": FORMAT, "weights": to.name, "model": cfg.model, "algorithm": cfg.algorithm,
-            "num_classes": data.num_classes, "classes": list(data.classes), "image_shape": list(data.image_shape),
-            "normalization": {"mean": data.mean.tolist(), "std": data.std.tolist(),
-                              "formula": "(x / 255 - mean) / std per channel, x uint8 [B, 3, H, W]"},
-            # the run's folder on the exporting machine means nothing where the file is read
-            "round": int(ckpt["next_round"]), "config": cfg.replace(out_dir=None).to_dict()}
-    write_json(sidecar(to), info)
+    with writable_folder(to.parent, "--to"):
+        cfg = _config(read_json(run_dir / "config.json", "export"), run_dir / "config.json", "export")
+        ckpt = load_checkpoint(run_dir / CHECKPOINT, "export", "so it cannot be exported: run that run again")
+        if ckpt["next_round"] < cfg.rounds:
+            raise FeddrKitError(f"{run_dir}: the run stopped after {ckpt['next_round']} of {cfg.rounds} rounds; "
+                                "resume it to the end first (python -m feddr_kit run --out-dir DIR --resume)")
+        data = load_data(cfg)
+        state = _reported_state(cfg, ckpt, data.num_classes, data.image_shape)
+        info = {"format": FORMAT, "weights": to.name, "model": cfg.model, "algorithm": cfg.algorithm,
+                "num_classes": data.num_classes, "classes": list(data.classes), "image_shape": list(data.image_shape),
+                "normalization": {"mean": data.mean.tolist(), "std": data.std.tolist(),
+                                  "formula": "(x / 255 - mean) / std per channel, x uint8 [B, 3, H, W]"},
+                # the run's folder on the exporting machine means nothing where the file is read
+                "round": int(ckpt["next_round"]), "config": cfg.replace(out_dir=None).to_dict()}
+        if to.suffix == ".safetensors":
+            atomic_write(to, lambda tmp: _safetensors().save_file(state, tmp))
+        else:
+            atomic_write(to, lambda tmp: torch.save(state, tmp))
+        try:
+            write_json(sidecar(to), info)
+        except StorageError:  # weights without their description cannot be loaded: take them back
+            to.unlink(missing_ok=True)
+            raise
     return sidecar(to)
+
+
+def _config(values: Any, path: Path, who: str) -> Config:
+    """The Config a file's JSON object describes; one line naming the file when it describes none."""
+    if not isinstance(values, dict):
+        raise FeddrKitError(f"{who}: {path} holds no config (not a JSON object)")
+    try:
+        return Config.from_dict(values)
+    except FeddrKitError as err:
+        raise FeddrKitError(f"{who}: {path}: {err}") from None
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> Net:
     """The :class:`~feddr_kit.models.Net` exported by :func:`export_model`, in eval mode on ``device``.
     ``path``: the weights file or its JSON. Built as the run built it (its algorithm installs the
-    head), then the weights are loaded strictly. Raises a one-line :class:`FeddrKitError` when a file is
-    missing or the weights do not fit the model."""
+    head), then the weights are loaded strictly; the caller's torch random state is left as it was. Raises
+    a one-line :class:`FeddrKitError` when a file is missing, broken or holds more than tensors (a ``.pt``
+    is read with ``weights_only=True``), or the weights do not fit the model."""
     path = Path(path)
     info_path = path if path.suffix == ".json" else sidecar(path)
     if not info_path.is_file():
         raise FeddrKitError(f"load_model: {info_path} is missing; export the run with python -m feddr_kit export")
-    info = json.loads(info_path.read_text())
-    if info.get("format") != FORMAT:
-        raise FeddrKitError(f"load_model: {info_path} has format {info.get('format')!r}; this feddr_kit reads {FORMAT}")
+    info = read_json(info_path, "load_model")
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        found = info.get("format") if isinstance(info, dict) else type(info).__name__
+        raise FeddrKitError(f"load_model: {info_path} has format {found!r}; this feddr_kit reads {FORMAT}")
+    missing = [k for k in ("weights", "config", "num_classes", "image_shape") if k not in info]
+    if missing:
+        raise FeddrKitError(f"load_model: {info_path} lacks {', '.join(missing)}; export the run again")
     weights = info_path.parent / info["weights"]
     if not weights.is_file():
         raise FeddrKitError(f"load_model: the weights file {weights} named in {info_path} is missing")
-    cfg = Config.from_dict(info["config"])
+    cfg = _config(info["config"], info_path, "load_model")
     if weights.suffix == ".safetensors":
-        state = _safetensors().load_file(str(weights))
+        state = read_checked(weights, "load_model", lambda p: _safetensors().load_file(str(p)))
     else:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
+        state = read_weights(weights, "load_model")
     rng = torch.get_rng_state()  # the build seeds torch's global RNG; a caller's stream is left as it was
     try:
         _, model = build_algorithm(cfg, _Shape(info["num_classes"], info["image_shape"]), torch.device("cpu"))
@@ -119,16 +145,20 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Net:
         torch.set_rng_state(rng)
     try:
         model.load_state_dict(state)
-    except RuntimeError as err:
+    except (RuntimeError, TypeError, AttributeError) as err:  # wrong shapes or names; a file of something else
         raise FeddrKitError(f"load_model: {weights} does not fit model {cfg.model!r}: "
-                            f"{str(err).splitlines()[0]}") from None
+                            f"{(str(err).splitlines() or [type(err).__name__])[0]}") from None
     return model.to(device).eval()
 
 
 def main(args: dict[str, Any]) -> int:
-    """``python -m feddr_kit export RUN_DIR --to FILE``: prints where the files went; 2 on bad input."""
+    """``python -m feddr_kit export RUN_DIR --to FILE``: prints where the files went; 2 on bad input (an
+    unreadable run, a destination that cannot be written), 3 when a write fails."""
     try:
         info = export_model(args["run_dir"], args["to"])
+    except StorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     except FeddrKitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -16,7 +16,6 @@ the round loop instead: see feddr_kit/methods/personalized.py.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,14 +31,14 @@ from .build import build_algorithm
 from .clients import Clients, data_and_partition
 from .config import Config
 from .data import ImageData
-from .errors import FeddrKitError
+from .errors import FeddrKitError, StorageError
 from .evaluation import Evaluator
 from .local import ClientContext, build_teacher, client_context
 from .methods import ALGORITHMS, Algorithm, CrossEntropyOf, resolve_regularizer
 from .models import Net
 from .partition import Partition
 from .roundlog import Result
-from .rundir import CHECKPOINT, load_checkpoint, read_json, write_json, write_text
+from .rundir import CHECKPOINT, load_checkpoint, make_folder, read_json, writable_folder, write_json, write_text
 from .schedule import lr_at
 from .streams import FEDETF_PHASES_ROUND, FINETUNE_ROUND, LOCAL_ONLY_ROUND, client_generator
 
@@ -332,38 +331,59 @@ METHODS = ("finetune", "local-only")
 
 def save(result: PersonalResult, folder: str | Path) -> Path:
     """Write ``result``'s per-client accuracies (``per_client.csv``: client, n_train, n_test, before,
-    after, as fractions) and its :meth:`PersonalResult.summary` (``summary.json``) into ``folder``;
-    returns the folder."""
+    after, as fractions) and its :meth:`PersonalResult.summary` (``summary.json``) into ``folder``, each
+    atomically; returns the folder. One-line :class:`FeddrKitError` when the folder cannot be made,
+    :class:`~feddr_kit.errors.StorageError` when a write fails (then neither file is left)."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, "folder")
     write_text(folder / PER_CLIENT, result.per_client.to_csv(index=False))
-    write_json(folder / SUMMARY, result.summary())
+    try:
+        write_json(folder / SUMMARY, result.summary())
+    except StorageError:  # a table without its summary would pass for a finished personalization
+        (folder / PER_CLIENT).unlink(missing_ok=True)
+        raise
     return folder
+
+
+def _saved_config(run_dir: Path) -> Config:
+    """The Config in ``run_dir/config.json``; one line when there is none or it is broken."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise FeddrKitError(f"--run: {run_dir} holds no config.json; give a run folder")
+    values = read_json(path, "--run")
+    if not isinstance(values, dict):
+        raise FeddrKitError(f"--run: {path} holds no config (not a JSON object)")
+    try:
+        return Config.from_dict(values)
+    except FeddrKitError as err:
+        raise FeddrKitError(f"--run: {path}: {err}") from None
 
 
 def main(args: dict[str, Any]) -> int:
     """``python -m feddr_kit personalize --run RUN_DIR --method finetune|local-only``: personalize, save
-    (:func:`save`, into ``--out``, default ``RUN_DIR/personalize-<method>``) and print the summary.
-    Returns 0, or 2 on bad input."""
+    (:func:`save`, into ``--out``, default ``RUN_DIR/personalize-<method>``) and print the summary. The
+    output folder is checked before any client trains. Returns 0, 2 on bad input (a broken run folder, an
+    output folder that cannot be written), 3 when a write fails."""
     run_dir = Path(args["run"])
     out = Path(args["out"]) if args.get("out") else run_dir / f"personalize-{args['method']}"
     progress = not args.get("no_progress", False)
     try:
-        if args["method"] == "finetune":
-            epochs = args.get("epochs")
-            epochs = 5 if epochs is None else int(epochs) if float(epochs).is_integer() else epochs  # finetune's own check words the rest
-            result = finetune(run_dir, args.get("ft_algorithm"), epochs=epochs, lr=args.get("lr"),
-                              device=args["device"], progress=progress)
-        else:
-            if not (run_dir / "config.json").is_file():
-                raise FeddrKitError(f"--run: {run_dir} holds no config.json; give a run folder")
-            cfg = Config.from_dict(json.loads((run_dir / "config.json").read_text()))
-            result = local_only(cfg, args["loss"], epochs=args.get("epochs"), lr=args.get("lr"), device=args["device"],
-                                progress=progress)
+        with writable_folder(out, "--out"):
+            if args["method"] == "finetune":
+                epochs = args.get("epochs")
+                epochs = 5 if epochs is None else int(epochs) if float(epochs).is_integer() else epochs  # finetune's own check words the rest
+                result = finetune(run_dir, args.get("ft_algorithm"), epochs=epochs, lr=args.get("lr"),
+                                  device=args["device"], progress=progress)
+            else:
+                result = local_only(_saved_config(run_dir), args["loss"], epochs=args.get("epochs"), lr=args.get("lr"),
+                                    device=args["device"], progress=progress)
+            save(result, out)
+    except StorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     except FeddrKitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    save(result, out)
     s = result.summary()
     before = "" if np.isnan(s["before_mean"]) else f"before {s['before_mean']:.2%} ± {s['before_std']:.2%}, "
     print(f"{s['method']}: mean client accuracy {before}after {s['after_mean']:.2%} ± {s['after_std']:.2%} "

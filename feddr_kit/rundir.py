@@ -13,7 +13,9 @@ folder for ever. Before each write a run checks that ``.lock`` is still the file
 (:func:`check_owner`): were it deleted, a second run could claim the folder, so the first stops.
 
 Files: every result file is written atomically (:func:`atomic_write`: a temporary file, then a
-rename), so a killed run never leaves a torn file. Checkpoints: :func:`save_checkpoint` writes the
+rename), so a killed run never leaves a torn file; every file a command reads goes through
+:func:`read_checked`, so a broken one is one line naming it, and a command checks that its output folder
+can be written before it works (:func:`writable_folder`). Checkpoints: :func:`save_checkpoint` writes the
 global state, the algorithm's state, the history and the RNG states; :func:`read_checkpoint` checks
 that a config may continue one, and :func:`restore` puts it back, so a resumed run continues bit for bit.
 """
@@ -89,7 +91,7 @@ def claim(out_dir: Path, *, resume: bool, overwrite: bool) -> Iterator[Path]:
     ``overwrite`` all of them, else the ``config.json`` of a run that stopped before its first checkpoint.
     Temporary files of killed runs are deleted. The lock is released on exit.
     """
-    created = _make_folder(out_dir)
+    created = make_folder(out_dir)
     try:
         lock = _lock(out_dir)
     except FeddrKitError:
@@ -118,17 +120,47 @@ def _remove_if_made(out_dir: Path, created: bool) -> None:
             out_dir.rmdir()
 
 
-def _make_folder(out_dir: Path) -> bool:
-    """Create ``out_dir`` (and parents); True when it did not exist. One-line error when impossible."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise FeddrKitError(f"out_dir: {out_dir} is a file, not a folder; pass a folder path")
-    existed = out_dir.is_dir()
+def make_folder(folder: Path, who: str = "out_dir") -> bool:
+    """Create ``folder`` (and parents); True when it did not exist. One-line :class:`FeddrKitError` naming
+    ``who`` (the argument that gave the folder) when it is a file or cannot be created."""
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        where = f"{blocker}" if blocker == folder else f"cannot create the folder {folder}: {blocker}"
+        raise FeddrKitError(f"{who}: {where} is a file, not a folder; pass a folder path")
+    existed = folder.is_dir()
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise FeddrKitError(f"out_dir: cannot create the folder {out_dir} ({err.strerror or err}); "
+        raise FeddrKitError(f"{who}: cannot create the folder {folder} ({err.strerror or err}); "
                             "pass a folder you can write to") from None
     return not existed
+
+
+@contextlib.contextmanager
+def writable_folder(folder: Path, who: str) -> Iterator[Path]:
+    """Check, before a command does its work, that its files can go into ``folder``; yields ``folder``.
+
+    Creates it (and parents) and writes and removes a temporary file there. A file in the way, a folder
+    that cannot be created or written: one-line :class:`FeddrKitError` naming ``who``. The folders made
+    here and still empty on exit (the command failed before writing) are removed again.
+    """
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first; all of them, once created
+    make_folder(folder, who)
+    try:
+        try:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check.", suffix=".tmp")
+            os.close(fd)
+            os.remove(probe)
+        except OSError as err:
+            raise FeddrKitError(f"{who}: cannot write in {folder} ({err.strerror or err}); "
+                                "pass a folder you can write to") from None
+        yield folder
+    finally:
+        for p in made:
+            try:
+                p.rmdir()
+            except OSError:  # not empty: the command wrote there
+                break
 
 
 def _holder(fd: int) -> str:
@@ -317,14 +349,30 @@ def load_checkpoint(path: Path, who: str, advice: str) -> dict:
     return ckpt
 
 
-def read_json(path: Path, who: str) -> Any:
-    """The JSON in ``path``; a one-line :class:`FeddrKitError` ``"<who>: cannot read <path> (...)"`` when it
-    cannot be read or parsed."""
+def read_checked(path: Path, who: str, read: Callable[[Path], Any]) -> Any:
+    """``read(path)``, with every failure to read it (missing, unreadable, empty, truncated, undecodable,
+    of another kind) as a one-line :class:`FeddrKitError` ``"<who>: cannot read <path> (<error>: <reason>)"``."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:  # ValueError: bad JSON, and bytes that are not UTF-8
-        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        return read(path)
+    except Exception as err:  # each format fails in its own words; to the user they all mean the same
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
         raise FeddrKitError(f"{who}: cannot read {path} ({type(err).__name__}: {reason})") from None
+
+
+def read_json(path: Path, who: str) -> Any:
+    """The JSON in ``path`` (:func:`read_checked`)."""
+    return read_checked(path, who, lambda p: json.loads(p.read_text()))
+
+
+def read_csv(path: Path, who: str) -> pd.DataFrame:
+    """The table in the CSV file ``path`` (:func:`read_checked`: an empty or cut file is one line too)."""
+    return read_checked(path, who, pd.read_csv)
+
+
+def read_weights(path: Path, who: str) -> dict[str, torch.Tensor]:
+    """The tensors in a ``.pt`` file of tensors alone, on the CPU (:func:`read_checked`). Read with
+    ``torch.load(weights_only=True)``, so a file that holds pickled objects is refused, never run."""
+    return read_checked(path, who, lambda p: torch.load(p, map_location="cpu", weights_only=True))
 
 
 def read_checkpoint(out_dir: Path, cfg, default_regularizer: str, default_lr: float | None = None) -> dict:

@@ -3,11 +3,12 @@
 For a run folder: its summary (accuracies in percent) and its history drawn to ``history.png`` in the
 folder. For a sweep root: the mean and 95 % t interval over seeds of every grid point
 (:func:`feddr_kit.sweep.interval_summary`), saved with ``--csv FILE``. What the files and columns
-mean: docs/outputs.md.
+mean: docs/outputs.md. Every file is read through the run folder's checked readers and written
+atomically (:mod:`feddr_kit.rundir`): a broken file is one line naming it, a failed write leaves no torn file.
 """
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import Any
 import pandas as pd
 
 from . import sweep
-from .errors import FeddrKitError
+from .errors import FeddrKitError, StorageError
+from .rundir import atomic_write, read_csv, read_json, writable_folder, write_text
 
 PLOT = "history.png"
 RUN_FILES = ("config.json", "history.csv", "summary.json")
@@ -40,30 +42,42 @@ def _value_text(key: str, value: Any) -> str:
     return str(value)
 
 
+def _history(folder: Path) -> pd.DataFrame:
+    """The run's ``history.csv``, with its ``round`` column; one line when it is broken."""
+    history = read_csv(folder / "history.csv", "show")
+    if "round" not in history:
+        raise FeddrKitError(f"show: {folder / 'history.csv'} has no round column; it is not a run's history")
+    return history
+
+
 def run_text(folder: Path) -> str:
     """The summary of the run in ``folder`` as aligned ``name  value`` lines (accuracies in percent);
-    for a run not finished, the rounds recorded so far."""
+    for a run not finished, its last recorded round."""
     if (folder / "summary.json").is_file():
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = read_json(folder / "summary.json", "show")
+        if not isinstance(summary, dict) or not summary:
+            raise FeddrKitError(f"show: {folder / 'summary.json'} holds no summary (not a JSON object with fields)")
         width = max(map(len, summary))
         lines = [f"{k:<{width}}  {_value_text(k, v)}" for k, v in summary.items()]
         return f"{folder}: finished run\n" + "\n".join(lines)
-    if (folder / "history.csv").is_file():
-        history = pd.read_csv(folder / "history.csv")
-        last = history.iloc[-1]
-        return (f"{folder}: unfinished run, {int(last['round'])} rounds recorded; test accuracy "
-                f"{last['test_acc']:.2%} at round {int(last['round'])}")
-    return f"{folder}: a run that has recorded no evaluated round yet"
+    history = _history(folder) if (folder / "history.csv").is_file() else pd.DataFrame()
+    if history.empty:
+        return f"{folder}: a run that has recorded no evaluated round yet"
+    last = history.iloc[-1]
+    accuracy = f"; test accuracy {last['test_acc']:.2%} at round {int(last['round'])}" if "test_acc" in history else ""
+    return f"{folder}: unfinished run, {int(last['round'])} rounds recorded{accuracy}"
 
 
 def plot_history(folder: Path) -> Path | None:
     """Draw the run's ``history.csv`` (test and local test accuracy, and train loss, over rounds) to
-    ``folder/history.png``; returns its path, or None when there is no history yet."""
+    ``folder/history.png`` (atomically); returns its path, or None when there is no evaluated round yet."""
     if not (folder / "history.csv").is_file():
+        return None
+    history = _history(folder)
+    if history.empty:
         return None
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
-    history = pd.read_csv(folder / "history.csv")
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     acc, loss = fig.subplots(1, 2)
     for column, label in (("test_acc", "global model, global test set"),
@@ -73,11 +87,13 @@ def plot_history(folder: Path) -> Path | None:
             acc.plot(history["round"], 100 * history[column], marker="o", label=label)
     acc.set(xlabel="communication round", ylabel="accuracy (%)", title="test accuracy")
     acc.legend()
-    loss.plot(history["round"], history["train_loss"], marker="o", color="tab:red", label="mean over the round's clients")
+    if "train_loss" in history:
+        loss.plot(history["round"], history["train_loss"], marker="o", color="tab:red",
+                  label="mean over the round's clients")
+        loss.legend()
     loss.set(xlabel="communication round", ylabel="train loss", title="local training loss")
-    loss.legend()
     fig.suptitle(str(folder))
-    fig.savefig(folder / PLOT, dpi=100)
+    atomic_write(folder / PLOT, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     return folder / PLOT
 
 
@@ -102,7 +118,8 @@ def sweep_text(table: pd.DataFrame) -> str:
 
 def main(args: dict[str, Any]) -> int:
     """The ``show`` command: prints a run's summary (and writes its history plot) or a sweep's interval
-    table (and with ``--csv`` saves it). Returns 0, or 2 on bad input."""
+    table (and with ``--csv`` saves it, its folder checked first). Returns 0, 2 on bad input (a broken
+    file, a destination that cannot be written), 3 when a write fails."""
     path = Path(args["path"])
     try:
         if not path.is_dir():
@@ -115,15 +132,20 @@ def main(args: dict[str, Any]) -> int:
             if png is not None:
                 print(f"history plot: {png}")
         elif is_sweep(path):
-            table = sweep.interval_summary(path, args.get("value") or "final_acc")
+            csv = Path(args["csv"]) if args.get("csv") else None
+            with writable_folder(csv.parent, "--csv") if csv else contextlib.nullcontext():
+                table = sweep.interval_summary(path, args.get("value") or "final_acc")
+                if csv:
+                    write_text(csv, table.to_csv(index=False))
             print(sweep_text(table))
-            if args.get("csv"):
-                Path(args["csv"]).parent.mkdir(parents=True, exist_ok=True)
-                table.to_csv(args["csv"], index=False)
-                print(f"table saved to {args['csv']}")
+            if csv:
+                print(f"table saved to {csv}")
         else:
             raise FeddrKitError(f"{path} holds neither a run (config.json, history.csv, summary.json) nor a sweep "
                                 "(sweep.json or run folders)")
+    except StorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     except FeddrKitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
