@@ -20,7 +20,7 @@ import warnings
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from .config import Config, read_file, read_mapping
+from .config import Config, is_none_word, read_file, read_mapping
 from .errors import DivergedError, FeddrKitError, StorageError
 from .flower_run import UNSUPPORTED
 from .personalize import METHODS
@@ -49,7 +49,7 @@ def _parse_bool(text: str) -> bool:
 
 
 def _out_dir(text: str) -> str:
-    if text.lower() == "none":
+    if is_none_word(text):
         raise argparse.ArgumentTypeError("'none' is not taken as a folder name: leave out --out-dir to save "
                                          "nothing, or write ./none for a folder called none")
     return text

@@ -24,6 +24,7 @@ import json
 import math
 import numbers
 import os
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -241,10 +242,58 @@ def read_mapping(path: str | os.PathLike, what: str = "config file") -> dict[str
 
 def read_file(path: str | os.PathLike) -> dict[str, Any]:
     """The Config fields a YAML or JSON config file sets (not validated together: a file may set only a
-    few, and flags may complete it). Unknown names are an error naming them and the file."""
+    few, and flags may complete it). Unknown names are an error naming them and the file.
+
+    A file is read as the command line reads its flags: a number written as text is that number for a
+    numeric field (PyYAML reads ``lr: 1e-3`` as the string ``"1e-3"``: YAML 1.1 floats need a dot), and
+    ``out_dir: none`` is refused like ``--out-dir none`` (:func:`is_none_word`), not taken as a folder.
+    """
     values = read_mapping(path)
     unknown = sorted(set(values) - {f.name for f in fields(Config)})
     if unknown:
         raise FeddrKitError(f"config file {path}: unknown field(s) {', '.join(map(str, unknown))}; "
                             "allowed: the Config fields (python -m feddr_kit run --help lists them)")
-    return values
+    if is_none_word(values.get("out_dir")):
+        raise FeddrKitError(f"config file {path}: out_dir: {values['out_dir']!r} is not taken as a folder name: "
+                            "leave out_dir out (or null) to save nothing, or write ./none for a folder called none")
+    return {name: _numbers_from_text(name, value) for name, value in values.items()}
+
+
+def is_none_word(value: Any) -> bool:
+    """Whether ``value`` is the word none (any case), which the command line and config files never take
+    as the folder name ``out_dir``: a user who writes it means "no folder"."""
+    return isinstance(value, str) and value.strip().lower() == "none"
+
+
+def _number_kind(name: str) -> type | None:
+    """``int`` or ``float`` for a numeric field (a tuple field: of its items), else None."""
+    hint = str(_HINTS[name])
+    if "bool" in hint:
+        return None
+    return float if "float" in hint else int if "int" in hint else None
+
+
+def _numbers_from_text(name: str, value: Any) -> Any:
+    """``value`` for field ``name`` with numbers written as text (``"1e-3"``, ``"20"``, in a list too) turned into
+    the field's kind, ``int`` or ``float``; anything else is left for validation to name."""
+    kind = _number_kind(name)
+    if kind is None:
+        return value
+    if isinstance(value, list):
+        return [_number(item, kind) for item in value]
+    return _number(value, kind)
+
+
+def _number(value: Any, kind: type) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    if kind is int:  # "20" and "1e3" are integers; "2.5" stays text, and validation says an integer is needed
+        return int(number) if number.is_integer() else value
+    return number
+
+
+_HINTS = typing.get_type_hints(Config)
