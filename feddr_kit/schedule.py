@@ -32,9 +32,11 @@ def schedule_note(cfg: Config) -> str | None:
     """
     if not cfg.lr_decay_at or cfg.lr_gamma == 1.0:
         return None
-    evaluated = [t for t in range(cfg.rounds) if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1]
+    # The evaluated rounds (0-based) are every eval_every-th and the last; only the second one is needed
+    # (the first, when there is one only), so it is computed, not found by walking every round.
+    second_evaluation = min(2 * cfg.eval_every, cfg.rounds) - 1
     first_decay = min(int(f * cfg.rounds) for f in cfg.lr_decay_at)
-    if first_decay >= cfg.rounds or first_decay > evaluated[min(1, len(evaluated) - 1)]:
+    if first_decay >= cfg.rounds or first_decay > second_evaluation:
         return None
     last = lr_at(cfg, 1.0, cfg.rounds - 1)
     return (f"note: with rounds={cfg.rounds}, lr_decay_at={list(cfg.lr_decay_at)} and lr_gamma={cfg.lr_gamma:g}, the lr "

@@ -390,6 +390,23 @@ def test_schedule_note_when_the_lr_falls_before_the_second_evaluation(changes, f
         assert note.startswith("note:") and f"from round {first_low_round} on" in note and "\n" not in note
 
 
+def test_schedule_note_does_not_walk_every_round(monkeypatch):
+    # Start-up must not grow with the rounds: the note is built from the first two evaluations alone. A
+    # range() of this module that stops past 1000 items fails a walk over the rounds at once.
+    from feddr_kit import schedule
+
+    def short_range(*args):
+        for i, t in enumerate(range(*args)):
+            assert i < 1000, f"the schedule note walked past 1000 of range{args}"
+            yield t
+
+    monkeypatch.setattr(schedule, "range", short_range, raising=False)
+    rounds, every = 3 * 10**11, 10**11  # 1.5e11 rounds at lr0, the second evaluation after round 2e11
+    note = schedule_note(fk.Config(rounds=rounds, eval_every=every))
+    assert f"from round {rounds // 2 + 1} on" in note
+    assert schedule_note(fk.Config(rounds=rounds, eval_every=1)) is None
+
+
 def test_cli_prints_the_schedule_note(tmp_path, capsys):
     assert main(["run", "--dataset", "synthetic", "--num-clients", "10", "--clients-per-round", "2", "--rounds", "2",
                  "--local-epochs", "1", "--progress", "false"]) == 0
