@@ -6,7 +6,7 @@
 """
 import importlib
 
-from . import errors, data, partition, heads, losses, models, methods, algorithms, engine, probes, instruments, sweep, personalize, paper
+from . import errors, data, partition, heads, losses, models, methods, algorithms, engine, probes, instruments, sweep, personalize, paper, repo
 from .config import Config
 from .export import load_model
 from .errors import FeddrKitError
@@ -28,5 +28,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["Config", "Result", "run", "load_model", "beta_scaled_dr", "FeddrKitError", "data", "partition", "heads", "losses", "models",
-           "methods", "algorithms", "engine", "probes", "instruments", "plots", "teaching", "stats", "sweep", "personalize", "paper", "errors"]
+           "methods", "algorithms", "engine", "probes", "instruments", "plots", "teaching", "stats", "sweep", "personalize", "paper", "repo", "errors"]
 __version__ = "0.1.0"

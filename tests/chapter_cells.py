@@ -2,7 +2,7 @@
 
 The chapters run with notebooks/ as their working directory (JupyterLab, nbconvert, papermill) and
 change ``sys.path`` to import their sweep script's constants, so a test runs their cells in a fresh
-interpreter, from notebooks/ or from a folder with no results/ beside it.
+interpreter, from notebooks/, the repository root or any other folder.
 """
 from __future__ import annotations
 

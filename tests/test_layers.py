@@ -16,7 +16,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "feddr_kit"
 ROOT = "feddr_kit"
 
 FLOORS = {
-    1: ["errors", "losses", "probes", "heads", "streams", "instruments", "progress"],  # pure: tensors in, tensors out; progress display
+    1: ["errors", "losses", "probes", "heads", "streams", "instruments", "progress", "repo"],  # pure: tensors in, tensors out; progress display; where the repository is
     2: ["data", "partition", "models", "stats", "paper", "rundir", "tblog", "workers"],  # data, models, statistics, the run's folder; tasks in processes side by side
     3: ["clients", "schedule", "local", "evaluation"],  # who holds what; the server's schedule; one client; evaluation
     4: ["methods.base"],  # what a method is: Algorithm and the registry
