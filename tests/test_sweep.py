@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -270,6 +271,7 @@ def test_an_interrupted_or_killed_jobs_sweep_stops_every_run_and_resumes_exactly
     under_way = []
     while len(under_way) < 2 and sweep_process.poll() is None:
         under_way = [p.parent for p in root.glob("*/checkpoint.pt") if not (p.parent / "summary.json").exists()]
+        time.sleep(0.02)  # a look every round or so, leaving the cores to the runs
     signum = signal.SIGKILL if how.startswith("SIGKILL") else signal.SIGINT
     if how.endswith("alone"):
         os.kill(sweep_process.pid, signum)
