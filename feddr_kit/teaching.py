@@ -538,10 +538,12 @@ def save_results(out_dir, results: dict, config: dict | None = None, name: str =
 
 
 # --------------------------------------------------------------------------- widgets
-# What a widget's cell shows where no kernel drew the widget: a saved copy reopened (JupyterLab then
-# shows an output's plain-text fallback, which for ipywidgets is the widget's repr, frozen at the
-# value it had when saved), GitHub, nbviewer. clean_outputs.py keeps this text in the committed
-# notebooks, so the cell and the note under it say the same thing everywhere.
+# What a widget's cell shows where no kernel drew the widget: the committed notebooks (clean_outputs.py
+# keeps only this text), GitHub, nbviewer, and any front end without the widgets extension, which falls
+# back to an output's plain text (for ipywidgets, the widget's repr, frozen at the value it was saved
+# with). A copy saved in JupyterLab after running the cell also keeps the widget's view, which
+# JupyterLab 4 reports as "Error displaying widget: model not found" until the cell runs again; the
+# note under each widget cell names both.
 SAVED_WIDGET_NOTE = "Run this cell (Shift+Enter) to get the controls: a saved notebook keeps no live widgets."
 
 
@@ -555,6 +557,9 @@ class _Controls:
         bundle = self.widget._repr_mimebundle_(**kwargs)
         bundle["text/plain"] = SAVED_WIDGET_NOTE
         return bundle
+
+    def __repr__(self) -> str:  # outside IPython (a script running a chapter's cells), display() prints this
+        return SAVED_WIDGET_NOTE
 
 
 def interact(function, /, *, manual: bool = False, **controls) -> None:
