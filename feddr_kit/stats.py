@@ -5,16 +5,27 @@ A comparison is a claim only with its interval and a margin::
     d = fk.stats.difference(acc_feddr, acc_dr, paired=True)       # same seeds: paired t
     fk.stats.verdict(d, expected="greater", margin=0.005)         # "held" | "tie (within the interval)" | ...
 
-The four verdicts, for a claim "the difference is ``expected`` (greater / less than 0)" and a
-margin ``m ≥ 0`` (the smallest difference that counts):
+The verdicts, for a claim "the difference is ``expected`` (greater / less than 0)" and a margin
+``m ≥ 0`` (the smallest difference that counts). Read the interval ``[low, high]`` from the claim's
+side: for "less", negate it, so that "in the claim's direction" is always "positive":
 
-- **held**: the whole interval lies beyond ``+m`` in the expected direction
-  (``low > m`` for "greater", ``high < -m`` for "less");
-- **did not hold**: the whole interval lies beyond ``m`` on the other side
-  (``high < -m`` for "greater", ``low > m`` for "less"): the opposite effect is established;
-- **tie (within the interval)**: anything else — the interval reaches into ``[-m, m]``, or spans it;
+- **held**: the whole interval lies beyond ``+m`` in the claim's direction (``low > m``);
+- **did not hold**: the whole interval lies beyond ``m`` on the other side (``high < -m``): the
+  opposite effect is established, and it is at least as large as the margin;
+- **tie, below the margin, against the claim**: the interval lies wholly on the other side of zero
+  but reaches into the margin (``-m <= high < 0``). The difference goes against the claim, and that is
+  established, but it is not shown to be as large as the margin. It is told apart from a plain tie
+  because a reader who sees only "tie" takes it for "no difference", when the data point the other way;
+- **tie, below the margin, in the claim's direction**: the mirror case (``0 < low <= m``): the
+  difference goes the claimed way, established, but is not shown to exceed the margin;
+- **tie (within the interval)**: the interval contains zero (``low <= 0 <= high``): not even the
+  sign is known;
 - **untestable here**: fewer than 2 values, a NaN anywhere, or the caller says the quantity is
   constant by construction (``testable=False``).
+
+The three ties are all "no finding at this margin": :data:`TIES` holds them and :func:`is_tie` asks.
+With ``m = 0`` the two one-sided ties cannot occur (an interval clear of zero is beyond the margin),
+and an interval that touches zero (``low == 0``) has not excluded it: a plain tie.
 
 The rule is symmetric: swapping ``a`` and ``b`` and the expected direction gives the same verdict.
 """
@@ -39,7 +50,11 @@ def _scipy_stats():
 
 
 HELD, TIE, NOT_HELD, UNTESTABLE = "held", "tie (within the interval)", "did not hold", "untestable here"
-VERDICTS = (HELD, TIE, NOT_HELD, UNTESTABLE)
+TIE_TOWARD = "tie, below the margin, in the claim's direction"
+TIE_AGAINST = "tie, below the margin, against the claim"
+# every verdict, from the claim's side over to the other side, then the untestable
+VERDICTS = (HELD, TIE_TOWARD, TIE, TIE_AGAINST, NOT_HELD, UNTESTABLE)
+TIES = (TIE_TOWARD, TIE, TIE_AGAINST)  # no finding at the margin
 SOURCES = ("paper", "chapter hypothesis")
 DIRECTIONS = ("greater", "less")
 
@@ -186,8 +201,9 @@ def verdict(diff: Interval, expected: str = "greater", margin: float = 0.0, test
 
     ``diff``: an :class:`Interval` of a difference (from :func:`difference`, or :func:`interval` /
     :func:`bootstrap_interval` of per-seed or per-client differences). Returns one of
-    :data:`VERDICTS`; the rule is in this module's docstring. ``testable=False`` marks a quantity
-    that cannot differ by construction (e.g. both sides are the same model).
+    :data:`VERDICTS`; the rule, and what each of the three ties means, is in this module's docstring.
+    ``testable=False`` marks a quantity that cannot differ by construction (e.g. both sides are the same
+    model).
     """
     if expected not in DIRECTIONS:
         raise FeddrKitError(f"expected must be 'greater' or 'less', got {expected!r}")
@@ -195,10 +211,21 @@ def verdict(diff: Interval, expected: str = "greater", margin: float = 0.0, test
         raise FeddrKitError(f"margin must be a finite number >= 0, got {margin!r}")
     if not testable or not diff.testable:
         return UNTESTABLE
-    beyond_up, beyond_down = diff.low > margin, diff.high < -margin
-    if expected == "less":
-        beyond_up, beyond_down = beyond_down, beyond_up
-    return HELD if beyond_up else NOT_HELD if beyond_down else TIE
+    low, high = (diff.low, diff.high) if expected == "greater" else (-diff.high, -diff.low)  # the claim's side is +
+    if low > margin:
+        return HELD
+    if high < -margin:
+        return NOT_HELD
+    if high < 0:
+        return TIE_AGAINST
+    if low > 0:
+        return TIE_TOWARD
+    return TIE
+
+
+def is_tie(v: str) -> bool:
+    """True for each of the three ties (:data:`TIES`): the comparison found nothing at its margin."""
+    return v in TIES
 
 
 @dataclass
@@ -260,10 +287,11 @@ def claims_table(claims: Iterable[Claim]) -> pd.DataFrame:
 
 def digest(table: pd.DataFrame) -> str:
     """A Markdown summary of a :func:`claims_table`: one bullet per verdict, the decided ones first (held,
-    did not hold), then the ties and the untestable, each with one sub-bullet per claim giving its
-    ``value ± interval`` and setting. What a chapter's "what the table says" paragraph quotes, computed so that it always
-    matches the table. Returns the Markdown text."""
-    order = [HELD, NOT_HELD, TIE, UNTESTABLE]
+    did not hold), then the ties (against the claim first: they are the easiest to misread as "no
+    difference"; then in the claim's direction; then the plain ones) and the untestable, each with one
+    sub-bullet per claim giving its ``value ± interval`` and setting. What a chapter's "what the table
+    says" paragraph quotes, computed so that it always matches the table. Returns the Markdown text."""
+    order = [HELD, NOT_HELD, TIE_AGAINST, TIE_TOWARD, TIE, UNTESTABLE]
     out = []
     for v in order:
         rows = table[table["verdict"] == v]

@@ -25,7 +25,7 @@ CPU time passes ``--budget-min``. While chapter 05's sweep is still filling the 
 checkpoint, which git does not keep: on a fresh clone the run is trained again (same folder, same
 numbers). The CSVs are written once every item has finished::
 
-    FEDDR_DATA_DIR=../shared/data nohup python results/ch08_personalization.py --gfl-wait &
+    nohup python results/ch08_personalization.py --gfl-wait &     # CIFAR-10 where the README's Data section says
     python results/ch08_personalization.py --collect-only     # rewrite the CSVs from results/runs/
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@
 3. ``python -m feddr_kit flower`` (``feddr_kit.flower.simulate``): a SuperLink, ``flwr run`` and the
    Ray simulation with one SuperNode per client: the cost of the framework as people use it.
 
-Same config for all (synthetic data, 4 clients, all 4 sampled per round, cnn, CPU, serial engine),
+Same config for all (synthetic data, 4 clients, all 4 sampled per round, the default model, CPU, serial engine),
 run one after the other on the same machine. Writes ``results/ch09_flower_costs.json``: the machine's
 load average at the start, per path the wall time and each round's seconds, the simulation's
 start-up (launch -> first round) and SuperLink start-up, the model's size on the wire, and whether the

@@ -9,6 +9,8 @@ import json
 import nbformat
 import pytest
 
+import feddr_kit as fk
+
 from chapter_cells import NOTEBOOKS, cifar10_available, code as _cells, exec_cells as _exec_cells, markdown as _markdown, \
     run as _run
 
@@ -16,7 +18,8 @@ from chapter_cells import NOTEBOOKS, cifar10_available, code as _cells, exec_cel
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR (section 1 counts its partitions)")
 def test_chapter_07_reads_the_teaching_scale_sweep_complete_and_pins_its_prose():
     """The cells up to the live slice (no training): the CSV holds every planned run at the teaching scale
-    with three seeds, the claims table is sorted held, did not hold, ties, untestable, and the cell that
+    with three seeds, the claims table is sorted held, did not hold, the ties (against the claim first),
+    untestable, and the cell that
     pins the prose's numbers passes."""
     cells = _cells("07_sensitivity")
     stop = next(i for i, s in enumerate(cells) if s.startswith("slice_base"))
@@ -27,7 +30,7 @@ def test_chapter_07_reads_the_teaching_scale_sweep_complete_and_pins_its_prose()
     assert out.returncode == 0, out.stderr
     verdicts, complete, model, rows, seeds = json.loads(out.stdout.strip().splitlines()[-1])
     assert complete and model == "cnn_bn" and rows == 54 and seeds == [0, 1, 2]
-    order = ["held", "did not hold", "tie (within the interval)", "untestable here"]
+    order = [fk.stats.HELD, fk.stats.NOT_HELD, fk.stats.TIE_AGAINST, fk.stats.TIE_TOWARD, fk.stats.TIE, fk.stats.UNTESTABLE]
     ranks = [order.index(v) for v in verdicts]
     assert ranks == sorted(ranks) and ranks[0] < 2, verdicts
 

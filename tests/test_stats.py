@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from feddr_kit import stats
 from feddr_kit.errors import FeddrKitError
-from feddr_kit.stats import HELD, NOT_HELD, TIE, UNTESTABLE, Claim, Interval
+from feddr_kit.stats import HELD, NOT_HELD, TIE, TIE_AGAINST, TIE_TOWARD, UNTESTABLE, Claim, Interval
 
 # Student-t quantiles from a printed table (two-sided 95 % → t_{0.975}, 90 % → t_{0.95}).
 T975 = {2: 4.302653, 4: 2.776445, 9: 2.262157}
@@ -56,14 +56,55 @@ def test_verdicts_on_constructed_intervals():
         return Interval((lo + hi) / 2, lo, hi, 3)
 
     assert stats.verdict(iv(0.02, 0.05), "greater", margin=0.01) == HELD
-    assert stats.verdict(iv(0.005, 0.05), "greater", margin=0.01) == TIE     # positive, but reaches into the margin
-    assert stats.verdict(iv(-0.005, 0.005), "greater", margin=0.01) == TIE   # inside the margin
+    assert stats.verdict(iv(0.005, 0.05), "greater", margin=0.01) == TIE_TOWARD  # positive, but reaches into the margin
+    assert stats.verdict(iv(-0.005, 0.005), "greater", margin=0.01) == TIE   # inside the margin, sign unknown
     assert stats.verdict(iv(-0.05, 0.05), "greater") == TIE
     assert stats.verdict(iv(-0.05, -0.02), "greater", margin=0.01) == NOT_HELD
-    assert stats.verdict(iv(-0.05, -0.005), "greater", margin=0.01) == TIE
+    assert stats.verdict(iv(-0.05, -0.005), "greater", margin=0.01) == TIE_AGAINST  # negative, not beyond -m
     assert stats.verdict(iv(-0.05, -0.02), "less", margin=0.01) == HELD
     assert stats.verdict(iv(0.02, 0.05), "less", margin=0.01) == NOT_HELD
     assert stats.verdict(iv(0.0, 0.05), "greater") == TIE  # touching zero is not beyond it
+    assert stats.verdict(iv(0.0, 0.05), "greater", margin=0.01) == TIE  # nor with a margin
+
+
+def test_one_sided_ties_at_their_boundaries():
+    """The two one-sided ties: the sign is established, the size is not. Their edges: the interval's end
+    at zero (a plain tie) and at the margin (a one-sided tie, as "beyond the margin" is strict)."""
+    def iv(lo, hi):
+        return Interval((lo + hi) / 2, lo, hi, 3)
+
+    m = 0.01
+    # the interval excludes zero against the claim, and stays within the margin: chapter 05's s = 2
+    # FedDr+ - FedAvg had this shape, and "tie" alone read as "no difference"
+    assert stats.verdict(iv(-0.081, -0.003), "greater", margin=m) == TIE_AGAINST
+    assert stats.verdict(iv(0.003, 0.081), "less", margin=m) == TIE_AGAINST  # the same, seen from "less"
+    assert stats.verdict(iv(-0.081, -m), "greater", margin=m) == TIE_AGAINST  # at -m: not beyond it
+    assert stats.verdict(iv(-0.081, 0.0), "greater", margin=m) == TIE  # reaching zero: sign unknown
+    assert stats.verdict(iv(m, 0.081), "greater", margin=m) == TIE_TOWARD
+    assert stats.verdict(iv(-0.081, -0.003), "less", margin=m) == TIE_TOWARD
+    for v in (TIE, TIE_TOWARD, TIE_AGAINST):
+        assert stats.is_tie(v)
+    for v in (HELD, NOT_HELD, UNTESTABLE):
+        assert not stats.is_tie(v)
+    assert set(stats.TIES) < set(stats.VERDICTS) and len(set(stats.VERDICTS)) == len(stats.VERDICTS) == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(finite, st.floats(0, 100), st.floats(0, 5), st.sampled_from(["greater", "less"]))
+def test_without_a_margin_no_one_sided_tie(centre, width, margin, expected):
+    """With margin 0 an interval clear of zero is beyond the margin: only held / did not hold / a plain tie.
+    With any margin, a one-sided tie has its whole interval on one side of zero and reaching into the margin."""
+    d = Interval(centre, centre - width, centre + width, 3)
+    assert stats.verdict(d, expected, 0.0) in (HELD, NOT_HELD, TIE)
+    v = stats.verdict(d, expected, margin)
+    sign = 1 if expected == "greater" else -1
+    low, high = sorted((sign * d.low, sign * d.high))
+    if v == TIE_AGAINST:
+        assert -margin <= high < 0
+    elif v == TIE_TOWARD:
+        assert 0 < low <= margin
+    elif v == TIE:
+        assert low <= 0 <= high
 
 
 def test_paired_uses_the_per_seed_differences():
@@ -170,9 +211,12 @@ def test_digest_leads_with_decided_verdicts_and_quotes_every_claim():
 
     rows = [Claim("a tie", "paper", "s", interval([-1.0, 2.0, 3.0]), "greater", 0.1),
             Claim("a win", "paper", "s", interval([1.0, 1.1, 1.2]), "greater", 0.1),
+            Claim("a small loss", "paper", "s", interval([-0.3, -0.31, -0.32]), "greater", 0.5),
             Claim("a loss", "paper", "s", interval([-1.0, -1.1, -1.2]), "greater", 0.1)]
     text = digest(claims_table(rows))
     heads = [line for line in text.splitlines() if line.startswith("* ")]
-    assert [line.split("**")[1] for line in heads] == ["held", "did not hold", "tie (within the interval)"]
+    assert [line.split("**")[1] for line in heads] == ["held", "did not hold", "tie, below the margin, against the claim",
+                                                       "tie (within the interval)"]
     lines = text.splitlines()
-    assert "(1 of 3)" in lines[0] and lines[1].startswith("  * a win: +1.100") and lines[5].startswith("  * a tie: ")
+    assert "(1 of 4)" in lines[0] and lines[1].startswith("  * a win: +1.100") and lines[5].startswith("  * a small loss: ")
+    assert lines[7].startswith("  * a tie: ")
