@@ -206,6 +206,18 @@ class Config:
         return cls(**d)
 
     @classmethod
+    def from_saved(cls, values: Any, path: str | os.PathLike, who: str) -> "Config":
+        """The Config that ``values``, the JSON object read from the saved file ``path`` (a run's
+        ``config.json``, an export's ``model.json``), describes; a one-line ``FeddrKitError`` that names
+        ``who`` and the file when it describes none (not an object, unknown fields, a bad value)."""
+        if not isinstance(values, dict):
+            raise FeddrKitError(f"{who}: {path} holds no config (not a JSON object)")
+        try:
+            return cls.from_dict(values)
+        except FeddrKitError as err:
+            raise FeddrKitError(f"{who}: {path}: {err}") from None
+
+    @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Config":
         """Build a config from a YAML or JSON file of fields (:func:`read_file`), e.g. a run's own ``config.json``."""
         return cls.from_dict(read_file(path))

@@ -78,7 +78,7 @@ def export_model(run_dir: str | Path, to: str | Path) -> Path:
     if not (run_dir / CHECKPOINT).is_file() or not (run_dir / "config.json").is_file():
         raise FeddrKitError(f"{run_dir} is not a run folder (no config.json and {CHECKPOINT})")
     with writable_folder(to.parent, "--to"):
-        cfg = _config(read_json(run_dir / "config.json", "export"), run_dir / "config.json", "export")
+        cfg = Config.from_saved(read_json(run_dir / "config.json", "export"), run_dir / "config.json", "export")
         ckpt = load_checkpoint(run_dir / CHECKPOINT, "export", "so it cannot be exported: run that run again")
         if ckpt["next_round"] < cfg.rounds:
             raise FeddrKitError(f"{run_dir}: the run stopped after {ckpt['next_round']} of {cfg.rounds} rounds; "
@@ -103,16 +103,6 @@ def export_model(run_dir: str | Path, to: str | Path) -> Path:
     return sidecar(to)
 
 
-def _config(values: Any, path: Path, who: str) -> Config:
-    """The Config a file's JSON object describes; one line naming the file when it describes none."""
-    if not isinstance(values, dict):
-        raise FeddrKitError(f"{who}: {path} holds no config (not a JSON object)")
-    try:
-        return Config.from_dict(values)
-    except FeddrKitError as err:
-        raise FeddrKitError(f"{who}: {path}: {err}") from None
-
-
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> Net:
     """The :class:`~feddr_kit.models.Net` exported by :func:`export_model`, in eval mode on ``device``.
     ``path``: the weights file or its JSON. Built as the run built it (its algorithm installs the
@@ -133,7 +123,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Net:
     weights = info_path.parent / info["weights"]
     if not weights.is_file():
         raise FeddrKitError(f"load_model: the weights file {weights} named in {info_path} is missing")
-    cfg = _config(info["config"], info_path, "load_model")
+    cfg = Config.from_saved(info["config"], info_path, "load_model")
     if weights.suffix == ".safetensors":
         state = read_checked(weights, "load_model", lambda p: _safetensors().load_file(str(p)))
     else:

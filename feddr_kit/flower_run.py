@@ -279,12 +279,7 @@ def simulate(cfg: Config, *, num_supernodes: int | None = None, startup_timeout:
     if nodes < cfg.num_clients:
         raise FeddrKitError(f"num_supernodes={nodes}: need one SuperNode per client, at least num_clients={cfg.num_clients}")
     t_launch = time.time()
-    with rundir.claim(Path(cfg.out_dir), resume=False, overwrite=cfg.overwrite) as out_dir:
-        out_dir = out_dir.resolve()
-        cfg = cfg.replace(out_dir=str(out_dir), progress=False)
-        app = write_app(cfg, out_dir / APP_DIR).parent
-        home = out_dir / FLWR_HOME_DIR
-        write_flwr_home(home)
+    with _app_folder(cfg) as (cfg, out_dir, app, home):
         http_port = free_port()  # one port serves the Runtime, Control and Fleet HTTP APIs
         env = _environment(home, http_port, startup_timeout, ray_memory_threshold)
         link = _start_superlink(home, http_port, env)
@@ -321,12 +316,7 @@ def deploy(cfg: Config, superlink: str, *, startup_timeout: float = 300.0, timeo
     check_superlink(superlink)
     check_installed(simulation=False)
     t_launch = time.time()
-    with rundir.claim(Path(cfg.out_dir), resume=False, overwrite=cfg.overwrite) as out_dir:
-        out_dir = out_dir.resolve()
-        cfg = cfg.replace(out_dir=str(out_dir), progress=False)
-        app = write_app(cfg, out_dir / APP_DIR).parent
-        home = out_dir / FLWR_HOME_DIR
-        write_flwr_home(home, superlink)
+    with _app_folder(cfg, superlink) as (cfg, out_dir, app, home):
         with _sigterm_exits():
             wait_healthy(superlink, startup_timeout)
             _flwr_run(app, DEPLOYMENT, flwr_environment(home), timeout, stream)
@@ -334,6 +324,21 @@ def deploy(cfg: Config, superlink: str, *, startup_timeout: float = 300.0, timeo
                                                    f"{out_dir} on the SuperLink's machine)")
         timings = _timings(out_dir, t_launch)
     return {"wall_s": time.time() - t_launch, **timings, "summary": summary}
+
+
+@contextlib.contextmanager
+def _app_folder(cfg: Config, superlink: str | None = None) -> Iterator[tuple[Config, Path, Path, Path]]:
+    """Claim ``cfg.out_dir`` for one Flower run and write the app and a ``FLWR_HOME`` into it (its one
+    connection: ``superlink``, or the local SuperLink when None). Yields ``(cfg, out_dir, app, home)``:
+    ``cfg`` with the folder's absolute path and progress off (the ServerApp runs in another process and
+    folder), the folder, the app's folder and the ``FLWR_HOME``; the folder is released on leaving."""
+    with rundir.claim(Path(cfg.out_dir), resume=False, overwrite=cfg.overwrite) as out_dir:
+        out_dir = out_dir.resolve()
+        cfg = cfg.replace(out_dir=str(out_dir), progress=False)
+        app = write_app(cfg, out_dir / APP_DIR).parent
+        home = out_dir / FLWR_HOME_DIR
+        write_flwr_home(home, superlink)
+        yield cfg, out_dir, app, home
 
 
 def _check_run(cfg: Config) -> None:

@@ -350,13 +350,7 @@ def _saved_config(run_dir: Path) -> Config:
     path = run_dir / "config.json"
     if not path.is_file():
         raise FeddrKitError(f"--run: {run_dir} holds no config.json; give a run folder")
-    values = read_json(path, "--run")
-    if not isinstance(values, dict):
-        raise FeddrKitError(f"--run: {path} holds no config (not a JSON object)")
-    try:
-        return Config.from_dict(values)
-    except FeddrKitError as err:
-        raise FeddrKitError(f"--run: {path}: {err}") from None
+    return Config.from_saved(read_json(path, "--run"), path, "--run")
 
 
 def main(args: dict[str, Any]) -> int:
