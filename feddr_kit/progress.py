@@ -43,6 +43,12 @@ def _parent_command() -> str:
         return ""
 
 
+def batch_kernel() -> bool:
+    """Whether this process is a Jupyter kernel started by a batch executor (:data:`BATCH_EXECUTORS`:
+    papermill, nbconvert, nbclient, nbval under pytest), where no front end will ever render a widget."""
+    return _in_kernel() and any(name in _parent_command().lower() for name in BATCH_EXECUTORS)
+
+
 def kind() -> str:
     """How progress is shown here: ``FEDDR_PROGRESS`` when set to one of :data:`KINDS`; else in a kernel
     started by a batch executor (:data:`BATCH_EXECUTORS`) ``lines``, in another kernel ``widgets``; outside
@@ -51,8 +57,7 @@ def kind() -> str:
     if wanted in KINDS:
         return wanted
     if _in_kernel():
-        parent = _parent_command().lower()
-        return "lines" if any(name in parent for name in BATCH_EXECUTORS) else "widgets"
+        return "lines" if batch_kernel() else "widgets"
     isatty = getattr(sys.stderr, "isatty", None)
     return "bars" if isatty is not None and isatty() else "lines"
 

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from . import heads, losses
+from . import heads, losses, progress
 from .errors import FeddrKitError
 
 
@@ -570,8 +570,18 @@ def interact(function, /, *, manual: bool = False, **controls) -> None:
     ``manual=True`` adds a button and calls ``function`` only when it is pressed (``interact_manual``).
     ``function`` draws or prints and returns nothing (a returned value is displayed at every move).
     Returns nothing: the cell needs no ``;``.
+
+    In a kernel that a batch executor started (papermill, nbconvert, nbval: :func:`progress.batch_kernel`) it
+    displays the note alone and calls nothing: no front end will draw the controls there, and ipywidgets'
+    interact under papermill was seen to hang now and then after its output (the kernel idle, the executor
+    waiting for the cell to end). Each chapter's next cell calls ``function`` with fixed values, so a batch
+    run still executes it.
     """
     from IPython.display import display
+
+    if progress.batch_kernel():
+        display({"text/plain": SAVED_WIDGET_NOTE}, raw=True)
+        return
     from ipywidgets import interactive
 
     options = dict(manual=manual, auto_display=True, manual_name="Run Interact")  # ipywidgets.interact's own

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from feddr_kit import plots, teaching  # noqa: E402
+from feddr_kit import plots, progress, teaching  # noqa: E402
 from feddr_kit.teaching import SAVED_WIDGET_NOTE  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -98,6 +98,25 @@ def test_kit_interact_saves_the_note_and_keeps_the_live_widget(monkeypatch):
     shown.clear()
     teaching.interact(lambda k: calls.append(k), manual=True, k=IntSlider(value=4))
     assert calls == [3] and shown[0]["text/plain"] == SAVED_WIDGET_NOTE  # manual: nothing runs until the button
+
+
+def test_kit_interact_under_a_batch_executor_shows_the_note_and_builds_no_widget(monkeypatch):
+    """Under papermill, nbconvert or nbval no front end draws the controls: teaching.interact displays the note
+    as plain text, builds no widget and calls nothing (the chapter's next cell calls the function)."""
+    import ipywidgets
+    from ipywidgets import IntSlider
+
+    shown, calls = [], []
+    monkeypatch.setattr("IPython.display.display", lambda obj, raw=False: shown.append((obj, raw)))
+    monkeypatch.setattr(ipywidgets, "interactive", lambda *a, **k: pytest.fail("a widget was built"))
+    monkeypatch.delenv("FEDDR_PROGRESS", raising=False)
+    monkeypatch.setattr(progress, "_in_kernel", lambda: True)
+    monkeypatch.setattr(progress, "_parent_command", lambda: "/venv/bin/python /venv/bin/papermill ch.ipynb out.ipynb")
+    assert progress.batch_kernel() and progress.kind() == "lines"
+    assert teaching.interact(lambda k: calls.append(k), k=IntSlider(value=3)) is None
+    assert calls == [] and shown == [({"text/plain": SAVED_WIDGET_NOTE}, True)]
+    monkeypatch.setattr(progress, "_parent_command", lambda: "/venv/bin/python /venv/bin/jupyter-lab")
+    assert not progress.batch_kernel() and progress.kind() == "widgets"
 
 
 def test_clean_outputs_keeps_only_the_note_of_a_widget(tmp_path):
