@@ -22,6 +22,7 @@ import feddr_kit as fk
 RESULTS = Path(__file__).resolve().parent
 DOC = RESULTS.parent / "docs" / "drift.md"
 ACC_MARGIN = 0.005
+BUDGET_CORE_HOURS = 14.0  # the probe's CPU budget (its docstring): one torch thread per run, so a run's wall time is its core time
 
 
 def _probe():
@@ -42,7 +43,8 @@ def cell_label(model: str, epochs: int) -> str:
 
 def load(path: Path = RESULTS / "drift_probe.csv") -> pd.DataFrame:
     """The probe's finished runs (one row each; no rows before the first), with every column the report reads."""
-    columns = ["model", "local_epochs", "method", "lr", "seed", "role", "status", "final_acc", "late_acc", *PROBE.DRIFT]
+    columns = ["model", "local_epochs", "method", "lr", "seed", "role", "status", "final_acc", "late_acc", *PROBE.DRIFT,
+               "sec_per_round", "total_seconds"]
     table = fk.sweep.read_results(path) if path.exists() else pd.DataFrame(columns=columns)
     return table.reindex(columns=list(dict.fromkeys([*table.columns, *columns])))
 
@@ -146,6 +148,55 @@ def grid_table(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def grid_runs_left() -> dict[tuple[str, int], int]:
+    """Per cell, the grid runs the lr rule has asked for that have not finished (from the run folders)."""
+    items, _ = PROBE.plan()
+    left: dict[tuple[str, int], int] = {}
+    for it in items:
+        if it.seed == PROBE.GRID_SEED and not PROBE.finished(it):
+            left[(it.model, it.epochs)] = left.get((it.model, it.epochs), 0) + 1
+    return left
+
+
+def budget_table(table: pd.DataFrame, grid_left: dict[tuple[str, int], int] | None = None) -> pd.DataFrame:
+    """What a cell's runs still cost: its measured seconds per round (the fastest finished run's, so a lower
+    bound for every method: FedDr+ runs a teacher too), the runs not yet finished (the grid runs the rule has
+    asked for, ``grid_left`` or else from the run folders, and 3 methods × 3 seeds of verdict runs less the
+    finished ones) and the fewest core-hours they need (``runs left × rounds × s/round``; NaN where no run of
+    the cell has finished). Grid points the rule may still add are not counted: every figure is a lower bound."""
+    grid_left = grid_runs_left() if grid_left is None else grid_left
+    done = table[table["status"] == "done"]
+    rows = []
+    for model, epochs in PROBE.CELLS:
+        cell = done[(done["model"] == model) & (done["local_epochs"] == epochs)]
+        per_round = float(cell["sec_per_round"].min()) if len(cell) else float("nan")
+        verdict_left = len(PROBE.METHODS) * len(PROBE.EVAL_SEEDS) - int((cell["role"] == "evaluation").sum())
+        left = verdict_left + grid_left.get((model, epochs), 0)
+        rows.append({"cell": cell_label(model, epochs), "s per round (fastest run)": per_round,
+                     "grid runs left": grid_left.get((model, epochs), 0), "verdict runs left": verdict_left,
+                     "core-hours needed, at least": left * PROBE.BASE["rounds"] * per_round / 3600})
+    return pd.DataFrame(rows)
+
+
+def budget_text(table: pd.DataFrame, grid_left: dict[tuple[str, int], int] | None = None) -> str:
+    """The budget's account: core-hours the finished runs recorded, against what the measured cells still need."""
+    spent = float(table.loc[table["status"] == "done", "total_seconds"].sum()) / 3600
+    need = budget_table(table, grid_left)
+    measured = need.dropna(subset=["core-hours needed, at least"])
+    at_least = float(measured["core-hours needed, at least"].sum())
+    text = (f"Budget: {BUDGET_CORE_HOURS:g} core-hours. The finished runs recorded {spent:.1f} (runs stopped before "
+            "their end, and diverged runs, record nothing). ")
+    if measured.empty:
+        return text + "No cell has a finished run yet, so nothing below is projected."
+    text += (f"The runs left in the cells measured so far ({', '.join(measured['cell'])}) need at least "
+             f"{at_least:.1f} more, at the seconds per round this machine measured. ")
+    if spent + at_least > BUDGET_CORE_HOURS:
+        text += ("**That is more than the budget holds**, before the unmeasured cells and any grid point the lr rule "
+                 "may still add: the pre-registered cuts (whole cells, last first) cannot bring the probe inside it on this "
+                 "machine, so its verdicts wait for faster hardware.")
+    return text
+
+
 def reference_drift() -> pd.DataFrame:
     """The same drift measures at the teaching scale (chapter 04's FedDr+ and control runs: ``cnn_bn``, E = 1,
     s = 5) and in the paper's models (``results/paper_regime_*.csv``: VGG-11 and MobileNet, FedDr+), each the
@@ -220,6 +271,15 @@ def markdown(table: pd.DataFrame) -> str:
         "## The lrs the rule chose (seed 0)",
         "",
         md(grid_table(table)),
+        "",
+        "## The budget",
+        "",
+        md(budget_table(table).assign(**{
+            "s per round (fastest run)": lambda d: d["s per round (fastest run)"].map(lambda v: "—" if v != v else f"{v:.1f}"),
+            "core-hours needed, at least": lambda d: d["core-hours needed, at least"].map(
+                lambda v: "—" if v != v else f"{v:.1f}")})),
+        "",
+        budget_text(table),
         "",
         "## The cells (verdict seeds: mean ± half the 95 % t interval)",
         "",

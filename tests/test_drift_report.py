@@ -82,3 +82,20 @@ def test_missing_seeds_are_untestable_and_the_report_says_so(report, tmp_path):
     report.main(["--csv", str(path), "--out", str(out)])
     text = out.read_text()
     assert "## The pre-registered comparisons" in text and "untestable here" in text
+
+
+def test_budget_needs_are_runs_left_times_rounds_times_the_fastest_seconds_per_round(report):
+    table = made_up_table(report, {})
+    cell = (table["model"] == "cnn_nobn") & (table["local_epochs"] == 5)
+    table = table[~cell | (table["seed"] == 1)].assign(sec_per_round=30.0, total_seconds=3600.0)
+    table.loc[cell & (table["method"] == "fedavg"), "sec_per_round"] = 20.0  # the fastest run sets the bound
+    table = table[(table["model"] == "cnn_nobn") & (table["local_epochs"] == 5)]  # the other cells not measured
+    need = report.budget_table(table, grid_left={("cnn_nobn", 5): 2}).set_index("cell")
+    row = need.loc[report.cell_label("cnn_nobn", 5)]
+    assert row["verdict runs left"] == 6 and row["grid runs left"] == 2  # seeds 2 and 3 of three methods
+    assert row["core-hours needed, at least"] == pytest.approx(8 * report.PROBE.BASE["rounds"] * 20.0 / 3600)
+    assert need["core-hours needed, at least"].drop(report.cell_label("cnn_nobn", 5)).isna().all()
+    text = report.budget_text(table, grid_left={("cnn_nobn", 5): 2})
+    assert "recorded 3.0" in text and "more than the budget" not in text  # 3 h spent + 3.6 h needed < 14 h
+    over = report.budget_text(table.assign(total_seconds=4 * 3600.0), grid_left={("cnn_nobn", 5): 2})
+    assert "more than the budget holds" in over  # 12 h spent + 3.6 h needed > 14 h
