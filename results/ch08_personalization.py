@@ -100,7 +100,8 @@ def run_item(item, root: Path, gfl_root: Path, data, wait: bool, gfl_run: list[s
         res = fk.personalize.local_only(fk.Config(**base, seed=seed, progress=False), what, data=data)
     else:
         folder = gfl_folder(gfl_root, setting, what, seed)
-        if not (folder / "checkpoint.pt").exists():  # not run yet, or a fresh clone (no checkpoints)
+        # not run yet, still running (its checkpoint is a round's, not the end's), or a fresh clone (no checkpoints)
+        if not ((folder / "summary.json").exists() and (folder / "checkpoint.pt").exists()):
             if what in gfl_run:  # chapter 05's run of this point (the same folder name as its whole grid gives)
                 fk.sweep.run(base, {"algorithm": [what]}, [seed], gfl_root / slug(setting), data=data, progress=False)
             elif wait:
