@@ -6,10 +6,11 @@ per run to ``results/lr_grid.csv``; the runs themselves go to ``runs/lr_grid/``.
 algorithm for the model (``default_lr`` in ``feddr_kit/methods/``) is the one with the best
 ``final_acc`` here. Points already in the CSV for the same model and scale are skipped, so an
 interrupted grid continues where it stopped. When an algorithm's best lr is the largest of its grid,
-the next point up is run too, with ``name=lr`` (10 after 3), until a larger lr does worse
-(``docs/teaching_scale.md`` says where a default still waits on a rerun of the chapters' rows). The ``cnn_bn`` rows were run when the default evaluated
-every 10 rounds (evaluation changes no model: ``final_acc`` is the same at any ``eval_every``). The
-CSV also keeps the rows that chose the earlier ``cnn``'s lrs (40 rounds, 2 local epochs, s=2).
+the next point up is run too, with ``name=lr`` (10 after 3), until a larger lr does worse; a
+default that moves takes a rerun of the chapters' rows run at the old one (``docs/teaching_scale.md``,
+*Learning rates*). The ``cnn_bn`` rows were run when the default evaluated every 10 rounds
+(evaluation changes no model: ``final_acc`` is the same at any ``eval_every``). The CSV also keeps
+the rows that chose the earlier ``cnn``'s lrs (40 rounds, 2 local epochs, s=2).
 
     PYTHONPATH=. python results/lr_grid.py fedavg dr feddr+ spherefed fedetf    # one thread per process
     PYTHONPATH=. python results/lr_grid.py feddr+=3.0                            # one point

@@ -453,3 +453,18 @@ def test_registry_has_the_nine_algorithms_with_default_lrs():
     assert lr["spherefed"]("vgg11") == 0.55 and lr["spherefed"]("mobilenet") == 6.5
     assert lr["fedetf"]("vgg11") == 0.05 and lr["fedetf"]("mobilenet") == 0.5
     assert all(lr[n]("vgg11") == 0.01 and lr[n]("mobilenet") == 0.1 for n in ("scaffold", "fedntd", "fedexp"))
+
+
+def test_each_cnn_bn_default_lr_is_its_grids_bracketed_best():
+    """The rule the chapters rely on: an algorithm's cnn_bn default is the lr with the best final accuracy
+    in results/lr_grid.csv, a larger lr of its grid did worse (the best is not the grid's edge), and the
+    algorithms without a grid of their own take FedAvg's."""
+    grid = pd.read_csv(fk.repo.results() / "lr_grid.csv")
+    grid = grid[grid["model"] == "cnn_bn"]
+    best = {name: runs.loc[runs["final_acc"].idxmax(), "lr"] for name, runs in grid.groupby("algorithm")}
+    assert set(best) == {"fedavg", "dr", "feddr+", "spherefed", "fedetf"}
+    for name in fk.algorithms.algorithm_names() + fk.algorithms.algorithm_names(personalized=True):
+        default = get_algorithm(fk.Config(algorithm=name)).initial_lr("cnn_bn")
+        assert default == best.get(name, best["fedavg"]), name
+    for name, lr in best.items():
+        assert (grid.loc[grid["algorithm"] == name, "lr"] > lr).any(), f"{name}: its best lr {lr} is its grid's largest"

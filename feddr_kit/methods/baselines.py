@@ -313,7 +313,7 @@ class SphereFed(Algorithm):
     head = "orthonormal"
     head_bias = False
     normalize_features = True
-    default_lr = {"cnn_bn": 10.0, "cnn": 0.1, "vgg11": 0.55, "mobilenet": 6.5}  # cnn, cnn_bn: results/lr_grid.csv
+    default_lr = {"cnn_bn": 30.0, "cnn": 0.1, "vgg11": 0.55, "mobilenet": 6.5}  # cnn, cnn_bn: results/lr_grid.csv
     calibration_ridge: ClassVar[float] = 1e-3
 
     def __init__(self, cfg: Config):
@@ -389,7 +389,7 @@ class FedETF(Algorithm):
     head = "etf"
     head_bias = False
     normalize_features = True
-    default_lr = {"cnn_bn": 0.2, "cnn": 0.01, "vgg11": 0.05, "mobilenet": 0.5}  # cnn, cnn_bn: results/lr_grid.csv
+    default_lr = {"cnn_bn": 0.5, "cnn": 0.01, "vgg11": 0.05, "mobilenet": 0.5}  # cnn, cnn_bn: results/lr_grid.csv
     temperature_init: ClassVar[float] = 1.0
 
     def adapt_model(self, model: Net) -> None:
