@@ -78,8 +78,70 @@ paper), (cnn_bn, E = 1) (the teaching setting), (cnn_bn, E = 5), (cnn_nobn, E = 
 FedAvg, control. If the budget runs short, cells are cut whole, last first: (cnn_nobn, E = 1), then
 (cnn_bn, E = 5); a kept cell always has three seeds. The cut, if any, is stated with the results.
 
-    FEDDR_DATA_DIR=../shared/data OMP_NUM_THREADS=1 nohup python results/drift_probe.py &   # one per core
+AMENDMENT, 2026-11-28 (committed before any run after it; the design, the lr rule, the seeds, the measures,
+the comparisons, the margins and the reading above stay exactly as they are).
+
+- What had been seen. The five grid runs of (cnn_nobn, E = 5) on seed 0: FedDr+ at 3 and 10 and FedAvg at
+  0.1 and 0.3 diverged in round 1; FedAvg at 0.03 finished with late accuracy 32.0 %. No run of another cell
+  and no verdict run. The probe was then stopped because the 14 core-hours above could not hold
+  (cnn_nobn, E = 5) alone. That estimate rested on timing under load: 60.2 s per round, the median of the one
+  finished FedAvg run, which ran beside a second probe process, lr-grid runs and CI (its evaluated rounds
+  took 29.8 to 171.3 s). The stop was no part of this plan, and it is withdrawn here.
+- Idle timing (``benchmarks/drift_probe_timing.py``, rows in ``results/drift_probe_timing.csv``; this 2-core
+  machine with nothing else running; two training rounds of each cell's own config, s per round):
+      cell, method           alone, 1 thread   alone, 2 threads   1 thread, beside a second 1-thread process
+      (cnn_bn, E = 1)   FedAvg      4.8             3.4             4.8, 4.9 (the two processes)
+      (cnn_bn, E = 1)   FedDr+      7.0             5.2             6.6, 7.2
+      (cnn_nobn, E = 1) FedAvg      5.2             3.5             4.5, 4.6
+      (cnn_nobn, E = 1) FedDr+      6.2             4.2             6.9, 7.2
+      (cnn_nobn, E = 5) FedAvg     26.0            14.8            23.8
+      (cnn_nobn, E = 5) FedDr+     36.2            23.7             —
+      (cnn_bn, E = 5)   FedAvg     26.8             —               —
+      (cnn_bn, E = 5)   FedDr+     34.4             —               —
+  Two processes side by side, one thread each, each kept about its pace alone (0.86-1.15 ×), so the pair
+  does about twice the rounds per hour of one process. One process on two threads did 1.3-1.8 × the rounds
+  of one thread alone, and beside a busy one-thread process it fell to 10.9 s a round (``cnn_bn``, E = 1,
+  FedAvg: 2.3 × slower than one thread alone), while its neighbour slowed to 6.3-9.3 s. So the probe runs
+  as two processes side by side, one torch thread each (``PROCESSES``); the earlier note that two
+  processes each run at half speed was measured with other work on the machine and does not hold idle.
+  The budget's pace is the one-thread pace alone, and a run's wall seconds count 1/2 of a machine-hour each.
+- Order: cell by cell, cheapest first. (cnn_bn, E = 1) and (cnn_nobn, E = 1) first: they answer
+  the BatchNorm question at one epoch (C1 in both, C5's BatchNorm effect at E = 1). Then (cnn_nobn, E = 5),
+  nearest the paper, then (cnn_bn, E = 5). Within a cell: its grid runs, then its verdict seeds 1, 2, 3
+  (FedDr+, FedAvg, control each). Each process takes the first run in this order that can start and that no
+  other process holds, so the next cell's grid runs start only when every startable run before them is
+  taken. Ordering by cost cannot favour a verdict.
+- Budget: 25 machine-hours from this amendment on, carried from one working day to the next, counted as the
+  recorded wall seconds of the runs finished after it, halved for the two processes
+  (``results/drift_report.py``). At the idle pace the
+  runs left need at least 10.5 machine-hours before evaluations and any grid point the rule adds. If the
+  budget runs out, the last cell in this order is cut whole, as the original plan cuts; a kept cell always
+  has its three seeds. Each cell's verdicts are read as soon as its three seeds are in; the pre-registered
+  reading waits for every kept cell.
+- Engine settings of every run after the amendment, the same as the five before it: the kit's serial engine
+  on the CPU, float32, PyTorch's default (NCHW) memory layout, one torch thread per process (each run's
+  config.json records the engine, layout and precision; the CSV's ``machine`` column the threads). The probe
+  keeps them to its end even if the kit's CPU step gets a faster layout, so that no two verdict runs differ
+  in their rounding.
+- Runs carried across working days: ``--pause`` stops each probe process (SIGSTOP) just after its run writes
+  a checkpoint (every 10 rounds). The checkpoints of the probe's unfinished runs are committed
+  (``.gitignore`` keeps them), and the next day's probe resumes from them through the kit's exact resume; a
+  run's checkpoint is deleted when it finishes. ``tests/test_drift_probe.py`` checks that a paused, killed
+  and restarted probe gives the histories of an uninterrupted one.
+- Bracketing limit: the rule stays as written (``MAX_EXTRA`` = 2 ladder points beyond each end of a grid);
+  it does not extend further. A run *trains* if its late accuracy is at least 20 % (twice chance). If the
+  lr the rule chooses for a method did not train on seed 0, that method has no working lr in the cell: its
+  verdict runs (for FedDr+, the control's too) are not run, and every comparison that needs it reads
+  "no working lr found by the rule", a statement about the rule's range at that setting, not a verdict on
+  the method. In (cnn_nobn, E = 5) FedDr+'s grid can still reach 1, 0.3 and 0.1, FedAvg's 0.01 and 0.003.
+- Wording: "a difference between the two models is BatchNorm's" above means BatchNorm together with what
+  replaces it in ``cnn_nobn``: the convolutions' bias and their He-normal (fan-out) initialisation. The two
+  models differ in those three things at once, and the probe cannot separate them.
+
+    FEDDR_DATA_DIR=../shared/data OMP_NUM_THREADS=1 nohup python results/drift_probe.py &   # twice:
+    FEDDR_DATA_DIR=../shared/data OMP_NUM_THREADS=1 nohup python results/drift_probe.py &   # two processes
     python results/drift_probe.py --status        # what has finished, the chosen lrs
+    python results/drift_probe.py --pause         # stop just after the next checkpoint; commit it; --continue
     python results/drift_probe.py --collect-only  # rewrite the CSVs from the run folders
 
 Runs go to ``results/runs/drift_probe/<model>__E=<E>/<method>__lr=<lr>/seed=<s>/`` (resumable; two
@@ -92,6 +154,7 @@ import argparse
 import math
 import os
 import platform
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +172,7 @@ OUT, HISTORY_OUT = RESULTS / "drift_probe.csv", RESULTS / "drift_probe_history.c
 BASE = {"dataset": "cifar10", "partition": "shard", "shards_per_client": 2, "num_clients": 100,
         "clients_per_round": 10, "batch_size": 50, "rounds": 80, "eval_every": 10, "probes": True,
         "beta": 0.9, "checkpoint_every": 10}
-CELLS = [("cnn_nobn", 5), ("cnn_bn", 1), ("cnn_bn", 5), ("cnn_nobn", 1)]  # priority order
+CELLS = [("cnn_bn", 1), ("cnn_nobn", 1), ("cnn_nobn", 5), ("cnn_bn", 5)]  # the amended order: cheapest first, cut last first
 TUNED = ["feddr+", "fedavg"]
 METHODS = [*TUNED, "control"]
 LADDER = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0]
@@ -117,6 +180,13 @@ CENTRE = {"fedavg": 0.1, "feddr+": 3.0}
 MAX_EXTRA = 2  # ladder points added beyond each end of a grid
 GRID_SEED, EVAL_SEEDS = 0, (1, 2, 3)
 LATE_EVALUATIONS = 3
+TRAINS = 0.20  # the amendment's "a run that trains": late accuracy at least twice chance (10 classes)
+BUDGET_MACHINE_HOURS = 25.0  # the amended budget, counted from the amendment on
+PROCESSES = 2  # probe processes side by side, one torch thread each: a run holds half the machine (the amendment)
+# The runs that had finished when the amendment was written: the budget counts the runs after them.
+BEFORE_AMENDMENT = {("cnn_nobn", 5, "fedavg", 0.03, 0), ("cnn_nobn", 5, "fedavg", 0.1, 0),
+                    ("cnn_nobn", 5, "fedavg", 0.3, 0), ("cnn_nobn", 5, "feddr+", 3.0, 0), ("cnn_nobn", 5, "feddr+", 10.0, 0)}
+RUNNING = "running"  # in ROOT: one file per probe process, named by its pid, holding the folder of its run
 DRIFT = ["weight_change", "acc_unobs", "align_unobs", "forgetting_unobs", "grad_ratio_features", "feature_norm"]
 
 
@@ -190,21 +260,34 @@ def chosen_lr(method: str, model: str, epochs: int) -> float | None:
     return grid_points(method, model, epochs)[1]
 
 
+def trains(method: str, model: str, epochs: int) -> bool | None:
+    """Whether ``method``'s chosen lr in a cell trains (its seed-0 grid run's late accuracy is at least
+    :data:`TRAINS`; the control's is FedDr+'s), or None while the lr is undecided. A cell's comparisons
+    with a method that does not train read "no working lr found by the rule", and its verdict runs are
+    not run."""
+    tuned = "feddr+" if method == "control" else method
+    lr = grid_points(tuned, model, epochs)[1]
+    if lr is None:
+        return None
+    measure = score(Item(model, epochs, tuned, lr, GRID_SEED))
+    return measure is not None and measure >= TRAINS
+
+
 def plan() -> tuple[list[Item], int]:
-    """The runs that can start now, in the pre-registered order, and how many runs are still undecided
-    (their lr waits on grid runs that have not finished)."""
+    """The runs that can start now, in the amended order (cell by cell, cheapest first: a cell's grids,
+    then its verdict seeds, seed by seed), and how many runs are still undecided (their lr waits on grid
+    runs that have not finished)."""
     items, undecided = [], 0
     for model, epochs in CELLS:
         for method in TUNED:
             points, _ = grid_points(method, model, epochs)
             items += [Item(model, epochs, method, lr, GRID_SEED) for lr in points]
-    for seed in EVAL_SEEDS:
-        for model, epochs in CELLS:
+        for seed in EVAL_SEEDS:
             for method in METHODS:
-                lr = chosen_lr(method, model, epochs)
+                lr, works = chosen_lr(method, model, epochs), trains(method, model, epochs)
                 if lr is None:
                     undecided += 1
-                else:
+                elif works:
                     items.append(Item(model, epochs, method, lr, seed))
     return items, undecided
 
@@ -221,6 +304,8 @@ def run_item(item: Item, data) -> None:
     defaults = fk.Config().to_dict()
     base = {k: v for k, v in item.config().to_dict().items() if k != "seed" and v != defaults.get(k)}
     fk.sweep.run(base, {}, [item.seed], item.root, data=data, progress=False)
+    if (item.folder / "summary.json").exists():  # a finished run's checkpoint is not carried (it is committed while running)
+        (item.folder / fk.rundir.CHECKPOINT).unlink(missing_ok=True)
 
 
 def work(data, wait: float = 60.0) -> None:
@@ -235,7 +320,9 @@ def work(data, wait: float = 60.0) -> None:
                 continue
             t0 = time.time()
             print(f"{time.strftime('%H:%M:%S')} {it}", flush=True)
+            fk.rundir.write_text(ROOT / RUNNING / str(os.getpid()), f"{it.folder}\n")
             run_item(it, data)
+            fk.rundir.write_text(ROOT / RUNNING / str(os.getpid()), "")
             print(f"  {'finished' if finished(it) else 'left to another process'} in {time.time() - t0:.0f} s",
                   flush=True)
             collect()
@@ -303,6 +390,58 @@ def status() -> str:
     return "\n".join(lines)
 
 
+def probes_running() -> dict[int, Path | None]:
+    """The probe processes alive now (from ``ROOT/running/``), each with the folder of the run it is on (None
+    between runs); files of processes that have ended are removed."""
+    running = {}
+    for path in sorted((ROOT / RUNNING).glob("*")):
+        pid = int(path.name)
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            path.unlink(missing_ok=True)
+            continue
+        text = path.read_text().strip()
+        running[pid] = Path(text) if text else None
+    return running
+
+
+def pause(poll: float = 0.2, timeout: float = 3600.0) -> str:
+    """Stop every running probe process (SIGSTOP) just after its run writes its next checkpoint, so that
+    committing the checkpoints carries every finished round to the next working day; a process between runs
+    stops at once. Returns what it did, a line per process. ``--continue`` (SIGCONT) lets them go on."""
+    running = probes_running()
+    if not running:
+        raise SystemExit(f"drift_probe: no running probe (nothing alive in {ROOT / RUNNING})")
+    stamp = lambda folder: (folder / fk.rundir.CHECKPOINT).stat().st_mtime_ns if (folder / fk.rundir.CHECKPOINT).exists() else None
+    seen = {pid: stamp(folder) for pid, folder in running.items() if folder is not None}
+    lines, deadline = [], time.time() + timeout
+    for pid, folder in running.items():
+        if folder is None:
+            os.kill(pid, signal.SIGSTOP)
+            lines.append(f"paused probe process {pid} between runs")
+    while seen:
+        for pid in [pid for pid in seen if stamp(running[pid]) != seen[pid]]:
+            os.kill(pid, signal.SIGSTOP)
+            del seen[pid]
+            folder = running[pid]
+            done = torch.load(folder / fk.rundir.CHECKPOINT, weights_only=False, map_location="cpu")["next_round"]
+            lines.append(f"paused probe process {pid} just after its checkpoint at round {done} of {folder}")
+        if seen and time.time() > deadline:
+            raise SystemExit(f"drift_probe: no new checkpoint within {timeout:.0f} s in "
+                             f"{', '.join(str(running[pid]) for pid in seen)}; those processes go on")
+        time.sleep(poll)
+    return "\n".join(lines + ["commit the unfinished runs' checkpoints to carry them; --continue lets the probe go on"])
+
+
+def go_on() -> str:
+    """Let every paused probe process go on (SIGCONT); returns a line."""
+    running = probes_running()
+    for pid in running:
+        os.kill(pid, signal.SIGCONT)
+    return f"{len(running)} probe process(es) go on" if running else "drift_probe: no probe process to continue"
+
+
 TINY = {"dataset": "synthetic", "rounds": 4, "eval_every": 2, "num_clients": 10, "clients_per_round": 2,
         "probe_samples": 40, "checkpoint_every": 2}
 
@@ -310,13 +449,16 @@ TINY = {"dataset": "synthetic", "rounds": 4, "eval_every": 2, "num_clients": 10,
 def main(argv: list[str] | None = None) -> None:
     """The command line: run the probe (or ``--status``, ``--collect-only``); ``--tiny`` runs the whole plan
     on a few rounds of synthetic data into ``--root`` with its CSVs there (a smoke test of the machinery)."""
-    global ROOT, OUT, HISTORY_OUT
+    global ROOT, OUT, HISTORY_OUT, TRAINS
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--status", action="store_true", help="print the chosen lrs and the progress, and stop")
     p.add_argument("--collect-only", action="store_true", help="only rewrite the CSVs from the run folders")
     p.add_argument("--tiny", action="store_true", help="synthetic data, 4 rounds, 10 clients: a smoke test (needs --root)")
     p.add_argument("--root", help="where the run folders go (default results/runs/drift_probe); with --tiny the "
                    "CSVs go there too")
+    p.add_argument("--pause", action="store_true", help="stop every running probe process (SIGSTOP) just after its "
+                   "run's next checkpoint, so that committing the checkpoints carries the runs; prints which runs")
+    p.add_argument("--continue", dest="resume", action="store_true", help="let paused probe processes go on (SIGCONT)")
     args = p.parse_args(argv)
     if args.tiny and not args.root:
         raise SystemExit("drift_probe: --tiny needs --root, so that its runs never mix with the probe's")
@@ -324,13 +466,21 @@ def main(argv: list[str] | None = None) -> None:
         ROOT = Path(args.root)
     if args.tiny:
         BASE.update(TINY)
+        TRAINS = -math.inf  # four rounds of synthetic data train nothing: every lr "trains", so every run of the plan runs
         OUT, HISTORY_OUT = ROOT / "drift_probe.csv", ROOT / "drift_probe_history.csv"
     if args.status:
         print(status())
         return
+    if args.pause or args.resume:
+        print(pause() if args.pause else go_on())
+        return
     if not args.collect_only:
         torch.set_num_threads(1)
-        work(fk.data.load(BASE["dataset"]))
+        (ROOT / RUNNING).mkdir(parents=True, exist_ok=True)
+        try:
+            work(fk.data.load(BASE["dataset"]))
+        finally:
+            (ROOT / RUNNING / str(os.getpid())).unlink(missing_ok=True)
     collect()
     print(status())
 

@@ -22,7 +22,8 @@ import feddr_kit as fk
 RESULTS = Path(__file__).resolve().parent
 DOC = RESULTS.parent / "docs" / "drift.md"
 ACC_MARGIN = 0.005
-BUDGET_CORE_HOURS = 14.0  # the probe's CPU budget (its docstring): one torch thread per run, so a run's wall time is its core time
+TIMING = RESULTS / "drift_probe_timing.csv"  # seconds per round measured on an idle machine (benchmarks/drift_probe_timing.py)
+NO_WORKING_LR = "no working lr found by the rule"
 
 
 def _probe():
@@ -81,29 +82,38 @@ def claims(table: pd.DataFrame) -> list[fk.stats.Claim]:
     out = []
     acc = {"scale": 100, "unit": " pp", "fmt": ".1f", "margin": ACC_MARGIN}
 
-    def claim(text, setting, diff, **kw):
+    def claim(text, setting, diff, needs, **kw):
+        # the amendment: a comparison with a method whose chosen lr does not train is no verdict on the method
+        failing = [f"{m} ({cell_label(mo, e)})" for mo, e, m in needs if PROBE.trains(m, mo, e) is False]
+        if failing:
+            setting = f"{setting}: {NO_WORKING_LR} for {', '.join(failing)}"
         out.append(fk.stats.Claim(text, "paper" if text.startswith(("C1", "C2", "C3")) else "chapter hypothesis",
-                                  setting, diff, seeds=f"seeds {', '.join(map(str, PROBE.EVAL_SEEDS))}", **kw))
+                                  setting, diff, seeds=f"seeds {', '.join(map(str, PROBE.EVAL_SEEDS))}",
+                                  testable=not failing, **kw))
 
     for model, epochs in PROBE.CELLS:
         where = cell_label(model, epochs)
         v = lambda m, c: values(table, model, epochs, m, c)
-        claim("C1: FedDr+ beats FedAvg (late accuracy)", where, paired(v("feddr+", "late_acc"), v("fedavg", "late_acc")), **acc)
+        both, fd = [(model, epochs, "feddr+"), (model, epochs, "fedavg")], [(model, epochs, "feddr+")]
+        claim("C1: FedDr+ beats FedAvg (late accuracy)", where, paired(v("feddr+", "late_acc"), v("fedavg", "late_acc")),
+              both, **acc)
         claim("C2: FedDr+ beats the β-scaled control (late accuracy)", where,
-              paired(v("feddr+", "late_acc"), v("control", "late_acc")), **acc)
+              paired(v("feddr+", "late_acc"), v("control", "late_acc")), fd, **acc)
         claim("C3: FedDr+ keeps more unseen-class accuracy than the control (local models)", where,
-              paired(v("feddr+", "acc_unobs"), v("control", "acc_unobs")), **acc)
+              paired(v("feddr+", "acc_unobs"), v("control", "acc_unobs")), fd, **acc)
     for model in dict.fromkeys(m for m, _ in PROBE.CELLS):
         v = lambda e, c: values(table, model, e, "fedavg", c)
+        fedavg = [(model, e, "fedavg") for e in (5, 1)]
         claim("C4: FedAvg's extractor moves more at E = 5 than at E = 1 (weight change)", model,
-              paired(v(5, "weight_change"), v(1, "weight_change")), margin=0.0, fmt=".4f")
+              paired(v(5, "weight_change"), v(1, "weight_change")), fedavg, margin=0.0, fmt=".4f")
         claim("C4: FedAvg forgets more unseen classes at E = 5 than at E = 1", model,
-              paired(v(5, "forgetting_unobs"), v(1, "forgetting_unobs")), **acc)
+              paired(v(5, "forgetting_unobs"), v(1, "forgetting_unobs")), fedavg, **acc)
         claim("C5: five local epochs widen FedDr+'s gap over FedAvg", model, paired(gap(table, model, 5), gap(table, model, 1)),
-              **acc)
+              [(model, e, m) for e in (5, 1) for m in PROBE.TUNED], **acc)
     for epochs in dict.fromkeys(e for _, e in PROBE.CELLS):
         claim("C5: removing BatchNorm widens FedDr+'s gap over FedAvg", f"E = {epochs}",
-              paired(gap(table, "cnn_nobn", epochs), gap(table, "cnn_bn", epochs)), **acc)
+              paired(gap(table, "cnn_nobn", epochs), gap(table, "cnn_bn", epochs)),
+              [(mo, epochs, m) for mo in ("cnn_nobn", "cnn_bn") for m in PROBE.TUNED], **acc)
     return out
 
 
@@ -132,6 +142,31 @@ def cell_table(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def cell_progress(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell, in the amended order: its finished grid runs, its finished verdict runs against those
+    planned (3 seeds of each method whose lr is undecided or trains), and where it stands: "waiting" (nothing
+    run), "lr grids", "verdict seeds", or "seeds in" (every planned verdict run finished: its comparisons are
+    read)."""
+    rows = []
+    for model, epochs in PROBE.CELLS:
+        cell = table[(table["model"] == model) & (table["local_epochs"] == epochs)]
+        grid_done = int((cell["role"] == "grid").sum())
+        verdict_done = len(evaluation(cell))
+        planned = sum(PROBE.trains(m, model, epochs) is not False for m in PROBE.METHODS) * len(PROBE.EVAL_SEEDS)
+        decided = all(PROBE.chosen_lr(m, model, epochs) is not None for m in PROBE.TUNED)
+        stage = ("seeds in" if decided and verdict_done >= planned else "verdict seeds" if verdict_done or decided
+                 else "lr grids" if grid_done else "waiting")
+        rows.append({"cell": cell_label(model, epochs), "grid runs finished": grid_done,
+                     "verdict runs finished": f"{verdict_done} of {planned}", "stage": stage})
+    return pd.DataFrame(rows)
+
+
+def complete_cells(table: pd.DataFrame) -> list[str]:
+    """The labels of the cells whose verdict seeds are all in, in the amended order."""
+    progress = cell_progress(table)
+    return progress.loc[progress["stage"] == "seeds in", "cell"].tolist()
+
+
 def grid_table(table: pd.DataFrame) -> pd.DataFrame:
     """The lr grids on seed 0: one row per cell and tuned method, the late accuracy at each lr run."""
     grid = table[table["role"] == "grid"]
@@ -148,52 +183,109 @@ def grid_table(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def grid_runs_left() -> dict[tuple[str, int], int]:
-    """Per cell, the grid runs the lr rule has asked for that have not finished (from the run folders)."""
-    items, _ = PROBE.plan()
-    left: dict[tuple[str, int], int] = {}
-    for it in items:
-        if it.seed == PROBE.GRID_SEED and not PROBE.finished(it):
-            left[(it.model, it.epochs)] = left.get((it.model, it.epochs), 0) + 1
+def idle_pace(path: Path = TIMING) -> dict[tuple[str, int, str], float]:
+    """Seconds per training round of each (model, E, method) on an idle machine, one process on one torch thread
+    (the probe's setting): the mean of the "alone" rows of ``path``. The control runs at FedAvg's pace (DR has
+    no teacher to run, as FedAvg has none)."""
+    if not path.exists():
+        return {}
+    t = pd.read_csv(path)
+    t = t[(t["condition"] == "alone") & (t["threads"] == 1)]
+    pace = {(r.model, int(r.local_epochs), r.method): float(r.sec_per_round)
+            for r in t.groupby(["model", "local_epochs", "method"], as_index=False)["sec_per_round"].mean().itertuples()}
+    pace.update({(m, e, "control"): v for (m, e, meth), v in list(pace.items()) if meth == "fedavg"})
+    return pace
+
+
+def runs_left(table: pd.DataFrame, grid_left: dict[tuple[str, int, str], int] | None = None
+              ) -> dict[tuple[str, int, str], tuple[int, int]]:
+    """Per (model, E, method), the runs not yet finished, as (grid runs, verdict runs): the grid runs the lr rule
+    has asked for (``grid_left``, or else from the run folders), and 3 seeds of verdict runs less the finished
+    ones for a method whose lr is undecided or trains (none for one whose chosen lr does not train). Grid points
+    the rule may still add are not counted."""
+    if grid_left is None:
+        items, _ = PROBE.plan()
+        grid_left = {}
+        for it in items:
+            if it.seed == PROBE.GRID_SEED and not PROBE.finished(it):
+                grid_left[(it.model, it.epochs, it.method)] = grid_left.get((it.model, it.epochs, it.method), 0) + 1
+    done = evaluation(table)
+    left = {}
+    for model, epochs in PROBE.CELLS:
+        for method in PROBE.METHODS:
+            verdict = 0
+            if PROBE.trains(method, model, epochs) is not False:
+                ran = (done["model"] == model) & (done["local_epochs"] == epochs) & (done["method"] == method)
+                verdict = len(PROBE.EVAL_SEEDS) - int(ran.sum())
+            left[(model, epochs, method)] = (grid_left.get((model, epochs, method), 0), verdict)
     return left
 
 
-def budget_table(table: pd.DataFrame, grid_left: dict[tuple[str, int], int] | None = None) -> pd.DataFrame:
-    """What a cell's runs still cost: its measured seconds per round (the fastest finished run's, so a lower
-    bound for every method: FedDr+ runs a teacher too), the runs not yet finished (the grid runs the rule has
-    asked for, ``grid_left`` or else from the run folders, and 3 methods × 3 seeds of verdict runs less the
-    finished ones) and the fewest core-hours they need (``runs left × rounds × s/round``; NaN where no run of
-    the cell has finished). Grid points the rule may still add are not counted: every figure is a lower bound."""
-    grid_left = grid_runs_left() if grid_left is None else grid_left
+def timing_table(path: Path = TIMING) -> pd.DataFrame:
+    """The idle timing: one row per (model, E, method), one column per (condition, threads) measured, each the
+    mean seconds per training round ("—" where not measured)."""
+    if not path.exists():
+        return pd.DataFrame()
+    t = pd.read_csv(path)
+    t["setting"] = t["condition"] + ", " + t["threads"].astype(str) + (" thread" + (t["threads"] > 1).map({True: "s", False: ""}))
+    wide = t.pivot_table(index=["model", "local_epochs", "method"], columns="setting", values="sec_per_round", aggfunc="mean",
+                         sort=False)
+    order = {cell: i for i, cell in enumerate(PROBE.CELLS)}
+    wide = wide.reset_index()
+    wide = wide.iloc[sorted(range(len(wide)), key=lambda i: (order.get((wide["model"][i], wide["local_epochs"][i]), 99), i))]
+    wide.insert(0, "cell", [cell_label(m, e) for m, e in zip(wide.pop("model"), wide.pop("local_epochs"))])
+    return wide.map(lambda v: ("—" if v != v else f"{v:.1f}") if isinstance(v, float) else v)
+
+
+def spent_hours(table: pd.DataFrame) -> float:
+    """Machine-hours the runs finished after the amendment took: their recorded wall seconds over the
+    :data:`PROBE.PROCESSES` probe processes that share the machine, each on one core."""
     done = table[table["status"] == "done"]
+    keys = zip(done["model"], done["local_epochs"], done["method"], done["lr"], done["seed"])
+    after = [k not in PROBE.BEFORE_AMENDMENT for k in keys]
+    return float(done.loc[after, "total_seconds"].sum()) / 3600 / PROBE.PROCESSES
+
+
+def budget_table(table: pd.DataFrame, grid_left: dict[tuple[str, int, str], int] | None = None) -> pd.DataFrame:
+    """Per cell, in the amended order: the idle seconds per training round of FedAvg and FedDr+, the runs not yet
+    finished (:func:`runs_left`) and the fewest machine-hours they need (runs left × rounds × idle s/round of
+    their method, over the :data:`PROBE.PROCESSES` processes that share the machine; evaluations and grid
+    points the rule may still add are not counted, so a lower bound; NaN where a method with runs left has no
+    measured pace)."""
+    pace, left = idle_pace(), runs_left(table, grid_left)
     rows = []
     for model, epochs in PROBE.CELLS:
-        cell = done[(done["model"] == model) & (done["local_epochs"] == epochs)]
-        per_round = float(cell["sec_per_round"].min()) if len(cell) else float("nan")
-        verdict_left = len(PROBE.METHODS) * len(PROBE.EVAL_SEEDS) - int((cell["role"] == "evaluation").sum())
-        left = verdict_left + grid_left.get((model, epochs), 0)
-        rows.append({"cell": cell_label(model, epochs), "s per round (fastest run)": per_round,
-                     "grid runs left": grid_left.get((model, epochs), 0), "verdict runs left": verdict_left,
-                     "core-hours needed, at least": left * PROBE.BASE["rounds"] * per_round / 3600})
+        cell = {m: left[(model, epochs, m)] for m in PROBE.METHODS}
+        need = sum(sum(n) * PROBE.BASE["rounds"] * pace.get((model, epochs, m), float("nan"))
+                   for m, n in cell.items() if sum(n))
+        rows.append({"cell": cell_label(model, epochs),
+                     "s per round, idle (FedAvg)": pace.get((model, epochs, "fedavg"), float("nan")),
+                     "s per round, idle (FedDr+)": pace.get((model, epochs, "feddr+"), float("nan")),
+                     "grid runs left": sum(g for g, _ in cell.values()),
+                     "verdict runs left": sum(v for _, v in cell.values()),
+                     "machine-hours left, at least": need / 3600 / PROBE.PROCESSES})
     return pd.DataFrame(rows)
 
 
-def budget_text(table: pd.DataFrame, grid_left: dict[tuple[str, int], int] | None = None) -> str:
-    """The budget's account: core-hours the finished runs recorded, against what the measured cells still need."""
-    spent = float(table.loc[table["status"] == "done", "total_seconds"].sum()) / 3600
-    need = budget_table(table, grid_left)
-    measured = need.dropna(subset=["core-hours needed, at least"])
-    at_least = float(measured["core-hours needed, at least"].sum())
-    text = (f"Budget: {BUDGET_CORE_HOURS:g} core-hours. The finished runs recorded {spent:.1f} (runs stopped before "
-            "their end, and diverged runs, record nothing). ")
-    if measured.empty:
-        return text + "No cell has a finished run yet, so nothing below is projected."
-    text += (f"The runs left in the cells measured so far ({', '.join(measured['cell'])}) need at least "
-             f"{at_least:.1f} more, at the seconds per round this machine measured. ")
-    if spent + at_least > BUDGET_CORE_HOURS:
-        text += ("**That is more than the budget holds**, before the unmeasured cells and any grid point the lr rule "
-                 "may still add: the pre-registered cuts (whole cells, last first) cannot bring the probe inside it on this "
-                 "machine, so its verdicts wait for faster hardware.")
+def budget_text(table: pd.DataFrame, grid_left: dict[tuple[str, int, str], int] | None = None) -> str:
+    """The budget's account in machine-hours: the amended budget, what the runs finished after the amendment
+    recorded, what the runs left need at least at the idle pace, and the cut the amendment fixes if that is
+    more than is left."""
+    spent = spent_hours(table)
+    need = budget_table(table, grid_left)["machine-hours left, at least"]
+    text = (f"Budget: {PROBE.BUDGET_MACHINE_HOURS:g} machine-hours from the amendment on ({PROBE.PROCESSES} probe "
+            f"processes side by side, one torch thread each, so a run's wall time counts 1/{PROBE.PROCESSES}). The runs "
+            f"finished since took {spent:.1f}; a run still going, paused, or diverged counts nothing here until it "
+            "finishes. ")
+    if need.isna().any():
+        return text + "Not every cell's pace is measured, so the runs left are not projected."
+    text += (f"The runs left need at least {need.sum():.1f} more at the idle pace (evaluations, and grid points "
+             f"the lr rule may still add, not counted), against {PROBE.BUDGET_MACHINE_HOURS - spent:.1f} left. ")
+    if spent + need.sum() > PROBE.BUDGET_MACHINE_HOURS:
+        text += (f"**That is more than the budget holds:** by the amendment the last cell in the order, "
+                 f"({cell_label(*PROBE.CELLS[-1])}), is cut whole if the budget runs out.")
+    else:
+        text += "That fits the budget."
     return text
 
 
@@ -266,18 +358,28 @@ def markdown(table: pd.DataFrame) -> str:
         "",
         f"**Progress: {done} of {planned} runs finished** (grids on seed 0, verdicts on seeds "
         f"{', '.join(map(str, PROBE.EVAL_SEEDS))}). Until every run has finished, the tables below hold what has; "
-        "a comparison with fewer than two seeds on a side is untestable.",
+        "a comparison with fewer than two seeds on a side is untestable. The cells run one at a time, in the "
+        "amended order (cheapest first); a cell's comparisons are read when its verdict seeds are all in.",
+        "",
+        md(cell_progress(table)),
         "",
         "## The lrs the rule chose (seed 0)",
         "",
         md(grid_table(table)),
         "",
-        "## The budget",
+        "## How the probe runs, and the budget",
         "",
-        md(budget_table(table).assign(**{
-            "s per round (fastest run)": lambda d: d["s per round (fastest run)"].map(lambda v: "—" if v != v else f"{v:.1f}"),
-            "core-hours needed, at least": lambda d: d["core-hours needed, at least"].map(
-                lambda v: "—" if v != v else f"{v:.1f}")})),
+        "Seconds per training round on this machine (2 cores), measured with nothing else running: "
+        "`benchmarks/drift_probe_timing.py`, two rounds of each cell's own config (the last, evaluated, round not "
+        "counted), rows in `results/drift_probe_timing.csv`. Conditions: one process alone on 1 or 2 torch threads; "
+        "two processes side by side (each row is one of the two).",
+        "",
+        md(timing_table()),
+        "",
+        f"The probe runs as {PROBE.PROCESSES} processes side by side, one torch thread each (the amendment's setting: "
+        "the most rounds per hour measured). The budget, in machine-hours at the one-thread pace measured alone:",
+        "",
+        md(budget_table(table).map(lambda v: ("—" if v != v else f"{v:.1f}") if isinstance(v, float) else v)),
         "",
         budget_text(table),
         "",

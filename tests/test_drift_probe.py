@@ -24,9 +24,10 @@ def probe():
 
 
 def scores_peaking_at(peak: float, done=lambda lr: True):
-    """A fake finished-run measure: highest at ``peak`` on a log scale, None for runs not yet done."""
+    """A fake finished-run measure: highest (1.0, a run that trains) at ``peak`` on a log scale, None for runs not
+    yet done."""
     def score(item):
-        return -abs(math.log10(item.lr) - math.log10(peak)) if done(item.lr) else None
+        return 1.0 - abs(math.log10(item.lr) - math.log10(peak)) if done(item.lr) else None
     return score
 
 
@@ -65,9 +66,27 @@ def test_control_is_dr_at_beta_times_feddr_lr_and_verdict_seeds_skip_the_grid_se
     assert (cfg.algorithm, cfg.regularizer, cfg.lr) == ("dr", "none", pytest.approx(2.7))
     evaluation = [it for it in items if it.seed != probe.GRID_SEED]
     assert len(evaluation) == len(probe.CELLS) * len(probe.METHODS) * 3
-    # the pre-registered order: every grid run first, then seed-major
-    seeds = [it.seed for it in items]
-    assert seeds == sorted(seeds)
+    # the amended order: cell by cell in CELLS's order (the cheapest first), each cell's grid runs before its
+    # verdict seeds, seed by seed
+    cells = [(it.model, it.epochs) for it in items]
+    assert list(dict.fromkeys(cells)) == probe.CELLS and cells == sorted(cells, key=probe.CELLS.index)
+    for cell in probe.CELLS:
+        seeds = [it.seed for it in items if (it.model, it.epochs) == cell]
+        assert seeds == sorted(seeds) and seeds[0] == probe.GRID_SEED
+    assert probe.CELLS[:2] == [("cnn_bn", 1), ("cnn_nobn", 1)]  # the one-epoch cells first, as amended
+
+
+def test_a_method_whose_chosen_lr_does_not_train_gets_no_verdict_runs(probe, monkeypatch):
+    # FedDr+'s grid peaks at 3, but the best run stays below the amendment's "trains" threshold
+    monkeypatch.setattr(probe, "score", lambda it: (probe.TRAINS - 0.01 - abs(it.lr - 3.0) / 100) if it.method == "feddr+"
+                        else probe.TRAINS + 0.1 - abs(it.lr - 0.1))
+    assert probe.trains("feddr+", "cnn_bn", 1) is False and probe.trains("control", "cnn_bn", 1) is False
+    assert probe.trains("fedavg", "cnn_bn", 1) is True
+    items, undecided = probe.plan()
+    verdict_methods = {it.method for it in items if it.seed != probe.GRID_SEED}
+    assert undecided == 0 and verdict_methods == {"fedavg"}  # FedDr+ and its control are not run
+    monkeypatch.setattr(probe, "score", lambda it: probe.TRAINS)  # exactly at the threshold: it trains
+    assert probe.trains("feddr+", "cnn_bn", 1) is True
 
 
 def test_tiny_plan_runs_end_to_end(probe, tmp_path, monkeypatch):
@@ -120,3 +139,60 @@ def test_probed_history_records_the_extractors_weight_change():
     assert (h["weight_change"] > 0).all()
     # the second round trains at a tenth of the lr (the schedule's decay at half the rounds): a smaller move
     assert h["weight_change"].iloc[1] < h["weight_change"].iloc[0]
+
+
+CHILD = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("drift_probe_child", sys.argv[1])
+probe = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = probe
+spec.loader.exec_module(probe)
+probe.CELLS, probe.EVAL_SEEDS = [("cnn_nobn", 1)], (1,)
+probe.main(["--tiny", "--root", sys.argv[2]])
+"""
+
+
+def _without_timings(path: Path) -> pd.DataFrame:
+    frame = pd.read_csv(path)
+    return frame.drop(columns=[c for c in ("seconds", "sec_per_round", "total_seconds", "machine") if c in frame])
+
+
+@pytest.mark.slow
+def test_a_probe_paused_at_a_checkpoint_killed_and_started_again_gives_the_uninterrupted_histories(probe, tmp_path,
+                                                                                                   monkeypatch):
+    """The way a run is carried from one working day to the next: --pause stops the probe just after a
+    checkpoint, the process dies with the day, and the next day's probe resumes from that checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import time
+    monkeypatch.setattr(probe, "CELLS", [("cnn_nobn", 1)])  # one cell and one verdict seed: 9 runs, as in the child
+    monkeypatch.setattr(probe, "EVAL_SEEDS", (1,))
+    carried, whole = tmp_path / "carried", tmp_path / "whole"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(SCRIPT), str(carried)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        monkeypatch.setattr(probe, "ROOT", carried)
+        deadline = time.time() + 120
+        while not list(carried.glob("*/*/seed=*/checkpoint.pt")):  # a run under way, past its first checkpoint
+            assert child.poll() is None and time.time() < deadline, "the probe ended before its first checkpoint"
+            time.sleep(0.05)
+        called = time.time_ns()
+        line = probe.pause(poll=0.01, timeout=60)
+        assert "paused probe process" in line
+        if "just after its checkpoint" in line:  # it waited for the run's next checkpoint before stopping it
+            folder = Path(line.split(" of ", 1)[1].splitlines()[0])
+            assert (folder / "checkpoint.pt").stat().st_mtime_ns >= called
+        in_progress = [p for p in carried.glob("*/*/seed=*/checkpoint.pt") if not (p.parent / "summary.json").exists()]
+        child.kill()  # the working day ends with the probe stopped: nothing after the checkpoint is kept
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    probe.main(["--tiny", "--root", str(carried)])  # the next day: resumes what was under way, runs the rest
+    monkeypatch.setattr(probe, "ROOT", whole)
+    probe.main(["--tiny", "--root", str(whole)])
+    pd.testing.assert_frame_equal(_without_timings(carried / "drift_probe_history.csv"),
+                                  _without_timings(whole / "drift_probe_history.csv"))
+    pd.testing.assert_frame_equal(_without_timings(carried / "drift_probe.csv"), _without_timings(whole / "drift_probe.csv"))
+    assert not list(carried.glob("*/*/seed=*/checkpoint.pt"))  # a finished run's checkpoint is not carried
+    assert in_progress or "between runs" in line  # the pause found a run mid-way, or stopped between two

@@ -25,6 +25,12 @@ def report():
     sys.modules.pop(spec.name, None)
 
 
+@pytest.fixture(autouse=True)
+def every_lr_trains(report, monkeypatch):
+    """The made-up tables below do not depend on the probe's real run folders: every chosen lr trains."""
+    monkeypatch.setattr(report.PROBE, "trains", lambda method, model, epochs: True)
+
+
 def made_up_table(report, feddr_lead: dict[tuple[str, int], float]) -> pd.DataFrame:
     """Evaluation runs of every cell, method and verdict seed: FedAvg at 0.40 + a seed effect, FedDr+ ahead
     of it by ``feddr_lead[cell]`` + a small seed-dependent wobble, the control 1 pp behind FedDr+."""
@@ -84,18 +90,41 @@ def test_missing_seeds_are_untestable_and_the_report_says_so(report, tmp_path):
     assert "## The pre-registered comparisons" in text and "untestable here" in text
 
 
-def test_budget_needs_are_runs_left_times_rounds_times_the_fastest_seconds_per_round(report):
+def test_budget_needs_are_runs_left_times_rounds_times_each_methods_idle_pace(report, monkeypatch):
     table = made_up_table(report, {})
     cell = (table["model"] == "cnn_nobn") & (table["local_epochs"] == 5)
-    table = table[~cell | (table["seed"] == 1)].assign(sec_per_round=30.0, total_seconds=3600.0)
-    table.loc[cell & (table["method"] == "fedavg"), "sec_per_round"] = 20.0  # the fastest run sets the bound
-    table = table[(table["model"] == "cnn_nobn") & (table["local_epochs"] == 5)]  # the other cells not measured
-    need = report.budget_table(table, grid_left={("cnn_nobn", 5): 2}).set_index("cell")
+    table = table[cell & (table["seed"] == 1)].assign(sec_per_round=99.0, total_seconds=3600.0 * report.PROBE.PROCESSES)  # 3 h
+    pace = {(m, e, meth): s for m, e in report.PROBE.CELLS for meth, s in (("fedavg", 20.0), ("feddr+", 30.0))}
+    monkeypatch.setattr(report, "idle_pace", lambda: {**pace, **{(m, e, "control"): 20.0 for m, e in report.PROBE.CELLS}})
+    grid_left = {("cnn_nobn", 5, "fedavg"): 1, ("cnn_nobn", 5, "feddr+"): 1}
+    need = report.budget_table(table, grid_left).set_index("cell")
     row = need.loc[report.cell_label("cnn_nobn", 5)]
     assert row["verdict runs left"] == 6 and row["grid runs left"] == 2  # seeds 2 and 3 of three methods
-    assert row["core-hours needed, at least"] == pytest.approx(8 * report.PROBE.BASE["rounds"] * 20.0 / 3600)
-    assert need["core-hours needed, at least"].drop(report.cell_label("cnn_nobn", 5)).isna().all()
-    text = report.budget_text(table, grid_left={("cnn_nobn", 5): 2})
-    assert "recorded 3.0" in text and "more than the budget" not in text  # 3 h spent + 3.6 h needed < 14 h
-    over = report.budget_text(table.assign(total_seconds=4 * 3600.0), grid_left={("cnn_nobn", 5): 2})
-    assert "more than the budget holds" in over  # 12 h spent + 3.6 h needed > 14 h
+    rounds = report.PROBE.BASE["rounds"]
+    # FedAvg: a grid run and two verdict runs at 20 s; FedDr+: the same at 30 s; the control: two at FedAvg's pace
+    assert row["machine-hours left, at least"] == pytest.approx(rounds * (3 * 20 + 3 * 30 + 2 * 20) / 3600 / report.PROBE.PROCESSES)
+    other = need.drop(report.cell_label("cnn_nobn", 5))
+    assert (other["verdict runs left"] == 9).all() and (other["grid runs left"] == 0).all()
+    assert other["machine-hours left, at least"].tolist() == pytest.approx([rounds * 3 * 70 / 3600 / report.PROBE.PROCESSES] * 3)
+    text = report.budget_text(table, grid_left)
+    assert "took 3.0" in text and "That fits the budget" in text  # 3 h spent + 9.1 h needed (2 processes) < 25 h
+    over = report.budget_text(table.assign(total_seconds=6 * 3600.0 * report.PROBE.PROCESSES), grid_left)
+    assert "more than the budget holds" in over and report.cell_label(*report.PROBE.CELLS[-1]) in over  # 18 + 9.1 > 25
+    # the runs finished before the amendment are not counted against the amended budget
+    before = table.assign(lr=0.03, seed=0, role="grid", method="fedavg", total_seconds=50 * 3600.0)
+    assert report.spent_hours(before.head(1)) == 0.0
+
+
+def test_a_method_without_a_working_lr_has_no_verdict_runs_and_its_comparisons_say_why(report, monkeypatch):
+    no_fd = lambda method, model, epochs: not (method in ("feddr+", "control") and (model, epochs) == ("cnn_bn", 5))
+    monkeypatch.setattr(report.PROBE, "trains", no_fd)
+    monkeypatch.setattr(report, "idle_pace", lambda: {})
+    left = report.runs_left(made_up_table(report, {}).iloc[:0], grid_left={})
+    assert left[("cnn_bn", 5, "feddr+")] == left[("cnn_bn", 5, "control")] == (0, 0)
+    assert left[("cnn_bn", 5, "fedavg")] == (0, 3)
+    claims = report.claims(made_up_table(report, {}))
+    where = report.cell_label("cnn_bn", 5)
+    c1 = [c for c in claims if c.setting.startswith(where) and c.claim.startswith(("C1", "C2", "C3"))]
+    assert len(c1) == 3 and all(c.verdict == fk.stats.UNTESTABLE and report.NO_WORKING_LR in c.setting for c in c1)
+    c4 = [c for c in claims if c.claim.startswith("C4") and c.setting == "cnn_bn"]
+    assert c4 and all(report.NO_WORKING_LR not in c.setting for c in c4)  # FedAvg's drift needs no FedDr+ lr
