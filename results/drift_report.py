@@ -144,8 +144,8 @@ def cell_table(table: pd.DataFrame) -> pd.DataFrame:
 
 def cell_progress(table: pd.DataFrame) -> pd.DataFrame:
     """One row per cell, in the amended order: its finished grid runs, its finished verdict runs against those
-    planned (3 seeds of each method whose lr is undecided or trains), and where it stands: "waiting" (nothing
-    run), "lr grids", "verdict seeds", or "seeds in" (every planned verdict run finished: its comparisons are
+    planned (3 seeds of each method whose lr is undecided or trains), and where it stands: "no run finished",
+    "lr grids", "verdict seeds", or "seeds in" (every planned verdict run finished: its comparisons are
     read)."""
     rows = []
     for model, epochs in PROBE.CELLS:
@@ -155,7 +155,7 @@ def cell_progress(table: pd.DataFrame) -> pd.DataFrame:
         planned = sum(PROBE.trains(m, model, epochs) is not False for m in PROBE.METHODS) * len(PROBE.EVAL_SEEDS)
         decided = all(PROBE.chosen_lr(m, model, epochs) is not None for m in PROBE.TUNED)
         stage = ("seeds in" if decided and verdict_done >= planned else "verdict seeds" if verdict_done or decided
-                 else "lr grids" if grid_done else "waiting")
+                 else "lr grids" if grid_done else "no run finished")
         rows.append({"cell": cell_label(model, epochs), "grid runs finished": grid_done,
                      "verdict runs finished": f"{verdict_done} of {planned}", "stage": stage})
     return pd.DataFrame(rows)

@@ -15,6 +15,22 @@ if str(REPO_ROOT) not in sys.path:  # so `pytest` works without `pip install -e 
 os.environ.setdefault("FEDDR_DATA_DIR", str((REPO_ROOT / "../shared/data").resolve()))
 
 
+# Under pytest-xdist (pyproject's -n auto) the test processes share the cores, one each. A second torch thread
+# per process only fights its neighbour for a core: on a 2-core machine one process on two threads beside a
+# busy one ran 2.3 times slower than on one thread (benchmarks/drift_probe_timing.py's rows in
+# results/drift_probe_timing.csv). The kernels nbval and papermill start inherit the setting.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
+
+def pytest_configure(config):
+    """One torch thread in each test process when several share the machine (see above)."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def cifar10_available() -> bool:
     """True when $FEDDR_DATA_DIR holds CIFAR-10 (torchvision files or the jpeg folder)."""
     root = Path(os.environ["FEDDR_DATA_DIR"])
