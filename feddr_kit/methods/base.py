@@ -56,8 +56,9 @@ class Algorithm:
     head_bias: ClassVar[bool] = True
     normalize_features: ClassVar[bool] = False  # logits = head(ĥ) instead of head(h)
     default_regularizer: ClassVar[str] = "none"
-    # Default initial lr per model, chosen by the grid in results/lr_grid.csv (teaching scale, cnn)
-    # and the reference code's configs (vgg11 / mobilenet).
+    # Default initial lr per model: at the teaching scale FedAvg, DR, FedDr+, FedETF and SphereFed each by its
+    # own grid in results/lr_grid.csv, the other cross-entropy methods FedAvg's (the authors' code gives them one
+    # lr); vgg11 / mobilenet from the reference code's configs.
     default_lr: ClassVar[dict[str, float]] = {}
     # True for methods whose local training reads and changes per-client state (the personalized ones,
     # feddr_kit/methods/personalized.py): the batched engine refuses them.
@@ -352,7 +353,7 @@ def algorithm_names(personalized: bool = False) -> list[str]:
 
 def initial_lr(cfg: Config) -> float:
     """The initial lr ``lr0`` of ``cfg``'s schedule: ``cfg.lr``, or when None the algorithm's default for
-    the model (:attr:`Algorithm.default_lr`, chosen by ``results/lr_grid.py``)."""
+    the model (:attr:`Algorithm.default_lr`: its own grid in ``results/lr_grid.py``, or FedAvg's)."""
     return get_algorithm(cfg).lr0
 
 
