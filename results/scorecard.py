@@ -5,16 +5,28 @@ The paper is *FedDr+: Stabilizing Dot-regression with Global Feature Distillatio
 Learning* (Kim et al., arXiv:2406.02355). Each results chapter (00 and 03-08) computes its claims table
 from the CSVs in ``results/`` in its own cells. This script runs those cells up to the table, in a fresh
 interpreter from ``notebooks/`` with the chapter's default parameters (nothing trains: the tables are
-read from the CSVs, and the live slices come after them), keeps the rows whose source is the paper, and
-writes one Markdown table. So the scorecard says what the chapters say, with their intervals, margins and
-verdicts (``fk.stats.verdict``), and changes only when a chapter or its CSV does.
+read from the CSVs, and the live slices come after them), keeps the rows a chapter credits to the paper,
+and writes one Markdown table. So the scorecard says what the chapters say, with their intervals, margins
+and verdicts (``fk.stats.verdict``), and changes only when a chapter or its CSV does.
+
+What the scorecard adds to the chapters' rows:
+
+- a source checked against the paper's text: a row whose claim the paper does not make (the β-scaled
+  control, one lr for both losses, participation for FedDr+ and FedAvg) is labelled the course's own
+  test (``OWN_TESTS``), and its verdict is counted apart from the paper's claims;
+- a count of distinct comparisons: a row that repeats another (identical by construction, the same runs
+  counted twice, or a per-seed client bootstrap restating the claim above it) keeps its line but takes
+  the number of the row it repeats (:func:`fold`);
+- each comparison's baseline check, where the chapter has one (a win over a model at chance shows only
+  that the other side learns);
+- the smallest effect each row could have detected: its interval's half-width, set beside the paper's
+  effect, so that a tie that could not have come out otherwise shows.
 
 The paper's number beside each claim is the same difference read off the paper's tables, at the
 paper's scale and in the setting nearest the chapter's (named in the cell); a claim the paper makes
-from a figure, or in words, has none. The last column holds the paper-scale runs: rows of the CSVs
-in ``results/paper_scale/`` (columns ``chapter``, ``claim``, ``setting``, ``value ± interval``,
-``verdict``, as a chapter's claims table), matched to a claim by chapter, claim and setting; "not run"
-until there is one.
+from a figure, or in words, has none, and neither has a row that measures something else. The last
+column holds the paper-scale runs: rows of the CSVs in ``results/paper_scale/``, matched to a claim by
+chapter, claim and setting; "not run" until there is one.
 
     PYTHONPATH=. python results/scorecard.py            # rewrite docs/scorecard.md (a minute or two)
     PYTHONPATH=. python results/scorecard.py --check    # exit 1 when docs/scorecard.md is not what it would write
@@ -50,12 +62,14 @@ CHAPTERS = {
     "08_personalization": ("verdicts = ", "verdicts"),
 }
 COLUMNS = ["claim", "source", "setting", "seeds", "value ± interval", "margin", "verdict"]
+# what fk.sweep.baseline_columns adds to a claims table (chapters 05-07): the baseline's accuracy, and whether it learned
+BASELINE_TEXT, BASELINE_OK = "baseline final acc (95 % interval)", "baseline above chance?"
 
 
 def chapter_claims(chapter: str, marker: str | tuple[str, ...], expression: str) -> pd.DataFrame:
     """The claims table of ``notebooks/<chapter>.ipynb`` at its default parameters: its code cells up to
     the first one with a line starting with ``marker`` (or, for a tuple of markers, the first cell with each),
-    run in a fresh interpreter from notebooks/."""
+    run in a fresh interpreter from notebooks/. Its baseline columns come along where the chapter has them."""
     cells = [c.source for c in nbformat.read(NOTEBOOKS / f"{chapter}.ipynb", as_version=4).cells if c.cell_type == "code"]
 
     def first(m: str) -> int:
@@ -65,15 +79,46 @@ def chapter_claims(chapter: str, marker: str | tuple[str, ...], expression: str)
         return i
 
     chosen = [first(m) for m in marker] if isinstance(marker, tuple) else list(range(first(marker) + 1))
+    wanted = COLUMNS + [BASELINE_TEXT, BASELINE_OK]
     script = ("import json\nns = {}\n"
               + "".join(f"exec(compile({cells[i]!r}, 'cell {i}', 'exec'), ns)\n" for i in chosen)
-              + f"t = eval({expression!r}, ns)\nprint('\\nCLAIMS ' + t[{COLUMNS!r}].to_json(orient='records'))\n")
+              + f"t = eval({expression!r}, ns)\nt = t[[c for c in {wanted!r} if c in t.columns]]\n"
+              + "print('\\nCLAIMS ' + t.to_json(orient='records'))\n")
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(REPO), "FEDDR_PROGRESS": "off"}
     out = subprocess.run([sys.executable, "-c", script], cwd=NOTEBOOKS, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{chapter}: its cells failed:\n{out.stderr[-3000:]}")
     line = next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("CLAIMS "))
-    return pd.DataFrame(json.loads(line[len("CLAIMS "):]), columns=COLUMNS).assign(chapter=chapter)
+    return pd.DataFrame(json.loads(line[len("CLAIMS "):])).reindex(columns=wanted).assign(chapter=chapter)
+
+
+# --------------------------------------------------------------------------- sources
+# Rows a chapter credits to the paper whose claim the paper does not state: (chapter, pattern searched in
+# "claim | setting", the source column's text, the paper's-number cell). The paper tunes each algorithm's
+# lr and has no β-scaled control; its sensitivity section says "FedBABU and SphereFed ... show performance
+# improvements with increasing fraction ratios", of FedAvg only that FedDr+ outperforms it.
+OWN_TESTS = [
+    ("03_dr_forgets_unseen", r"\| .*shared lr", "course: one lr for both losses",
+     "none: the course's own test (the paper tunes each algorithm's lr, `appsubsec:grid_search`)"),
+    ("04_feature_distillation", r", vs control \|", "course: against the β-scaled control (DR at lr × β)",
+     "none: the paper has no β-scaled control"),
+    ("07_sensitivity", r"^(feddr\+|fedavg): participation ", "course: the paper says it of FedBABU and SphereFed",
+     "none: the paper's figure has FedBABU and SphereFed gaining with participation (*Sensitivity Analysis*), "
+     "not FedDr+ or FedAvg"),
+]
+
+
+def own_test(chapter: str, claim: str, setting: str) -> tuple[str, str] | None:
+    """(source, paper's-number cell) for a row that is the course's own test rather than the paper's claim,
+    else None."""
+    text = f"{claim} | {setting}"
+    return next(((src, number) for ch, pattern, src, number in OWN_TESTS if ch == chapter and re.search(pattern, text)), None)
+
+
+def source(chapter: str, claim: str, setting: str) -> str:
+    """"paper" where the paper states the claim, else "course: <why>" (see ``OWN_TESTS``)."""
+    own = own_test(chapter, claim, setting)
+    return own[0] if own else "paper"
 
 
 # --------------------------------------------------------------------------- the paper's numbers
@@ -101,6 +146,11 @@ NAMES = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "fedntd": "FedNTD", "fedexp
          "prox": "Prox", "kd": "KD", "ntd": "NTD", "ld": "LD", "fd": "FD", "local-ce": "local-only CE",
          "local-dr": "local-only DR", "fedper": "FedPer", "perfedavg": "Per-FedAvg", "fedrep": "FedRep", "ditto": "Ditto"}
 FIGURE = "none: a figure (`{}`)"
+# apptab:pfl_acc's global FedDr+ entries: "without standard deviations ... results on D_test" (the s columns,
+# the global test set in mixed batches); the α columns carry a spread over clients, so they are per-client means
+PER_CLIENT_GAIN_VS_TEST_ACC = ("none: this gain is over the global model scored on each client's own test batches; "
+                               "the paper's global number at {} (`apptab:pfl_acc`) is its accuracy on the global test "
+                               "set, which the mixed-batch row compares like for like")
 
 
 def _pp(x: float) -> str:
@@ -144,8 +194,38 @@ def _setting(setting: str, gfl_columns=("s=2", "s=5", "s=10", "α=0.1", "α=0.2"
     return m[1] if m and m[1] in gfl_columns else None
 
 
+def _personalization_number(claim: str, col: str | None) -> str:
+    """Chapter 08's paper number: the same difference in the paper's PFL tables (its s=20 beside the
+    chapter's s=2: a fifth of the classes per client either way)."""
+    pcol = {"s=2": "s=20", "α=0.1": "α=0.1"}.get(col)
+    by_name = {v.lower(): k for k, v in NAMES.items()}
+    if pcol is None:
+        return "none"
+    if "scored in mixed batches" in claim:
+        return pfl("feddr+-FT", "feddr+ global", pcol)
+    if "global FedDr+ model" in claim or claim.startswith("… the same"):
+        if pcol.startswith("s="):
+            return PER_CLIENT_GAIN_VS_TEST_ACC.format(pcol)
+        return pfl("feddr+-FT", "feddr+ global", pcol) + ": its global entry here is a per-client mean, as this row's"
+    m = re.match(r"FedDr\+ FT beats (\S+)-FT$", claim)
+    if m:
+        return pfl("feddr+-FT", f"{by_name[m[1].lower()]}-FT", pcol)
+    m = re.search(r"1-step PFL method here \((\w+)\)|^FedDr\+ FT beats (FedPer|FedRep|Ditto|Per-FedAvg)$", claim)
+    if m:
+        return pfl("feddr+-FT", (m[1] or by_name[m[2].lower()]), pcol)
+    if claim.startswith("FedDr+ FT beats local-only DR"):
+        return pfl("feddr+-FT", "local-dr", pcol)
+    if claim.startswith("local-only DR beats local-only CE"):
+        return pfl("local-dr", "local-ce", pcol)
+    return "none"
+
+
 def paper_number(chapter: str, claim: str, setting: str) -> str:
-    """The paper's own value of the difference a claim tests, with where it comes from."""
+    """The paper's own value of the difference a claim tests, with where it comes from; "none: why" where
+    the paper has no number for that difference (a figure, words, or a comparison it does not make)."""
+    own = own_test(chapter, claim, setting)
+    if own:
+        return own[1]
     col = _setting(setting)
     by_name = {v.lower(): k for k, v in NAMES.items()}
     if chapter == "00_quickstart":
@@ -179,28 +259,114 @@ def paper_number(chapter: str, claim: str, setting: str) -> str:
             return synergy([("dr", "fd", 1), ("dr", "none", -1)])
         return "none"
     if chapter == "07_sensitivity":
-        if re.match(r"fed\w+: 10 local epochs beat", claim):
+        if re.match(r"\S+: 10 local epochs beat", claim):
             return "none: stated in words (CIFAR-10 grid search, appendix `appsubsec:grid_search`: 10 epochs best for every algorithm)"
         return FIGURE.format("fig:sensitivity")
     if chapter == "08_personalization":
-        # chapter 08 sets s=2 beside the paper's s=20 (a fifth of the classes per client either way)
-        pcol = {"s=2": "s=20", "α=0.1": "α=0.1"}.get(col)
-        if pcol is None:
-            return "none"
-        if "global FedDr+ model" in claim or claim.startswith("… the same"):
-            return pfl("feddr+-FT", "feddr+ global", pcol)
-        m = re.match(r"FedDr\+ FT beats (\S+)-FT$", claim)
-        if m:
-            return pfl("feddr+-FT", f"{by_name[m[1].lower()]}-FT", pcol)
-        m = re.search(r"1-step PFL method here \((\w+)\)|^FedDr\+ FT beats (FedPer|FedRep|Ditto|Per-FedAvg)$", claim)
-        if m:
-            return pfl("feddr+-FT", (m[1] or by_name[m[2].lower()]), pcol)
-        if claim.startswith("FedDr+ FT beats local-only DR"):
-            return pfl("feddr+-FT", "local-dr", pcol)
-        if claim.startswith("local-only DR beats local-only CE"):
-            return pfl("local-dr", "local-ce", pcol)
-        return "none"
+        return _personalization_number(claim, col)
     return "none"
+
+
+# --------------------------------------------------------------------------- what each row could detect
+def half_width(value: str) -> tuple[float, str, int] | None:
+    """A chapter's "value ± interval" text as (half-width, unit, decimals): "-2.5 ± 3.0 pp" -> (3.0, " pp", 1),
+    "+51.1 [48.3, 53.9] pp" -> (2.8, " pp", 1) from the printed ends; None for an untestable "0.1 (n=1)"."""
+    num = r"[+-]?\d+(?:\.\d+)?"
+    m = re.fullmatch(rf"{num} ± (\d+(?:\.(\d+))?)(.*)", value.strip())
+    if m:
+        return float(m[1]), m[3], len(m[2] or "")
+    m = re.fullmatch(rf"{num} \[({num}), ({num})\](.*)", value.strip())
+    if m:
+        return (float(m[2]) - float(m[1])) / 2, m[3], len(m[1].partition(".")[2])
+    return None
+
+
+def paper_effects(paper: str) -> list[float]:
+    """The sizes of the effects a paper cell quotes in pp ("+1.69 pp (FedDr+ 83.22 vs …)" -> [1.69]); none for
+    "none: …"."""
+    return [abs(float(x)) for x in re.findall(r"([+-]\d+(?:\.\d+)?) pp\b", paper)]
+
+
+def detectable(value: str, paper: str) -> str:
+    """The smallest effect a row could tell from zero, its interval's half-width ("3.0 pp"), marked when it is
+    wider than every effect the paper quotes for it: then a tie was the only possible outcome had the paper's
+    effect been the truth."""
+    hw = half_width(value)
+    if hw is None:
+        return "—"
+    width, unit, decimals = hw
+    text = f"{width:.{decimals}f}{unit}"
+    effects = paper_effects(paper)
+    if unit.strip() == "pp" and effects and width >= max(effects):
+        text += " (wider than the paper's effect)"
+    return text
+
+
+# --------------------------------------------------------------------------- baselines
+# Notes on a baseline that has not learned, where the chapter says what the win then shows
+AT_CHANCE = {r"^balanced β beats β=0$": "β = 0 is distillation alone; the win says only that the DR term trains the extractor"}
+
+
+def baseline_check(claim: str, text, ok) -> str:
+    """The chapter's check that a comparison's baseline learned at all, as one cell: "—" where the chapter
+    has none, "learned: <accuracy>" or "not learned: <accuracy>; <what the win then shows>"."""
+    if not isinstance(ok, str):
+        return "—"
+    if ok == "yes":
+        return f"learned: {text}"
+    note = next((n for p, n in AT_CHANCE.items() if re.search(p, claim)),
+                "a win over a model that has not learned shows only that the other side does")
+    return f"not learned ({ok.removeprefix('no: ')}): {text}; {note}"
+
+
+# --------------------------------------------------------------------------- folds
+IDENTICAL, SAME_RUNS, BOOTSTRAP = "identical by construction", "the same runs counted twice", "a per-seed client bootstrap"
+# chapter 03, section 4: both losses start from one shared global model, so local − global on the unobserved
+# classes differs from the local accuracy there by the same global accuracy on both sides
+SHARED_MODEL = {"same model: DR's local accuracy on unobserved classes below CE's":
+                "same model: DR loses more unobserved-class accuracy than CE (local − global)"}
+# chapter 07's base point (10 of 100 clients per round, 1 local epoch) is run in the participation and the
+# epochs sweep roots alike: the same configuration and seeds, so the same runs
+BASE_POINT = (r"^FedDr\+ beats (\w+) at 1 local epochs$", "FedDr+ beats {} at participation 0.1")
+RESTATES = "… the same"  # chapter 08: a claim over one seed's clients, restating the claim above it
+
+
+def fold(rows: pd.DataFrame, i: int) -> tuple[int, str] | None:
+    """(index of the row that row ``i`` repeats, why) for a row that is not a distinct comparison, else None.
+    A row identical by construction, or the same runs, must carry the same value as the row it repeats."""
+    r = rows.loc[i]
+    same = rows[(rows["chapter"] == r["chapter"]) & (rows["setting"] == r["setting"]) & (rows.index != i)]
+    m = re.match(BASE_POINT[0], r["claim"])
+    if r["chapter"] == "03_dr_forgets_unseen" and r["claim"] in SHARED_MODEL:
+        target, why = same[same["claim"] == SHARED_MODEL[r["claim"]]], IDENTICAL
+    elif r["chapter"] == "07_sensitivity" and m:
+        target, why = same[same["claim"] == BASE_POINT[1].format(m[1])], SAME_RUNS
+    elif r["claim"].startswith(RESTATES):
+        target, why = same[(same.index < i) & ~same["claim"].str.startswith(RESTATES)].tail(1), BOOTSTRAP
+    else:
+        return None
+    if target.empty:
+        return None
+    j = int(target.index[0])
+    if why != BOOTSTRAP and rows.loc[j, "value ± interval"] != r["value ± interval"]:
+        raise ValueError(f"{r['chapter']}: {r['claim']!r} ({r['value ± interval']}) should equal {rows.loc[j, 'claim']!r} "
+                         f"({rows.loc[j, 'value ± interval']}): {why}")
+    return j, why
+
+
+def number(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with "#" (each distinct comparison's number, in order; a folded row takes the number of the row
+    it repeats) and "folded" (why a row is folded, "" for a distinct one)."""
+    folds = {i: fold(rows, i) for i in rows.index}
+    ids, n = {}, 0
+    for i in rows.index:
+        if folds[i] is None:
+            n += 1
+            ids[i] = n
+    out = rows.copy()
+    out["#"] = [ids[i] if folds[i] is None else ids.get(folds[i][0], 0) for i in rows.index]
+    out["folded"] = ["" if folds[i] is None else folds[i][1] for i in rows.index]
+    return out
 
 
 # --------------------------------------------------------------------------- paper scale
@@ -234,53 +400,119 @@ def paper_scale_result(chapter: str, claim: str, setting: str, runs: pd.DataFram
 
 # --------------------------------------------------------------------------- the page
 def scorecard(tables: dict[str, pd.DataFrame], scale: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per claim of the paper (source "paper", testable) over every chapter's claims table."""
+    """One row per testable row a chapter credits to the paper, over every chapter's claims table, with its
+    checked source, the paper's number, the paper-scale result, the baseline check, the detectable effect
+    and its fold ("#", "folded")."""
     import feddr_kit as fk
 
     rows = pd.concat(list(tables.values()), ignore_index=True) if tables else pd.DataFrame(columns=COLUMNS + ["chapter"])
+    rows = rows.reindex(columns=list(dict.fromkeys([*rows.columns, BASELINE_TEXT, BASELINE_OK])))
     rows = rows[(rows["source"] == "paper") & (rows["verdict"] != fk.stats.UNTESTABLE)].reset_index(drop=True)
-    rows["paper"] = [paper_number(r.chapter, r.claim, r.setting) for r in rows.itertuples()]
+    rows["source"] = [source(r["chapter"], r["claim"], r["setting"]) for _, r in rows.iterrows()]
+    rows["paper"] = [paper_number(r["chapter"], r["claim"], r["setting"]) for _, r in rows.iterrows()]
     runs = scale if scale is not None else paper_scale_rows()
-    rows["paper scale"] = [paper_scale_result(r.chapter, r.claim, r.setting, runs) for r in rows.itertuples()]
-    return rows
+    rows["paper scale"] = [paper_scale_result(r["chapter"], r["claim"], r["setting"], runs) for _, r in rows.iterrows()]
+    rows["baseline"] = [baseline_check(r["claim"], r[BASELINE_TEXT], r[BASELINE_OK]) for _, r in rows.iterrows()]
+    rows["detectable"] = [detectable(r["value ± interval"], r["paper"]) for _, r in rows.iterrows()]
+    return number(rows)
+
+
+def label(verdict: str) -> str:
+    """A verdict in the scorecard's words: the chapters' ties said by where zero and the margin lie (the
+    chapters print ``fk.stats``'s labels; the page says which is which)."""
+    import feddr_kit as fk
+
+    return {fk.stats.TIE_AGAINST: "against the claim (not shown beyond the margin)",
+            fk.stats.TIE_TOWARD: "in the claim's direction (not shown beyond the margin)",
+            fk.stats.TIE: "tie (zero inside the interval)"}.get(verdict, verdict)
+
+
+def _counts(rows: pd.DataFrame) -> str:
+    """"3 held, 1 did not hold, …" over ``rows``, in the page's order of verdicts."""
+    import feddr_kit as fk
+
+    order = [fk.stats.HELD, fk.stats.NOT_HELD, fk.stats.TIE_AGAINST, fk.stats.TIE_TOWARD, fk.stats.TIE, fk.stats.UNTESTABLE]
+    counts = rows["verdict"].value_counts()
+    return ", ".join(f"{counts[v]} {label(v)}" for v in order if v in counts) or "none"
+
+
+def summary(rows: pd.DataFrame) -> str:
+    """The page's count: rows, distinct comparisons, what was folded and why, then the verdicts of the
+    distinct comparisons, the paper's claims apart from the course's own tests."""
+    import feddr_kit as fk
+
+    distinct = rows[rows["folded"] == ""]
+    folded = rows["folded"].value_counts()
+    why = {IDENTICAL: "identical by construction (chapter 03, at both lrs: from one shared global model, \"DR's local "
+                      "accuracy on unobserved classes below CE's\" is \"DR loses more unobserved-class accuracy "
+                      "(local − global)\")",
+           SAME_RUNS: "the same runs counted twice (chapter 07's base point, as \"participation 0.1\" and "
+                      "\"1 local epoch\")",
+           BOOTSTRAP: "per-seed client bootstraps restating the claim above them (chapter 08)"}
+    parts = [f"{folded[k]} {text}" for k, text in why.items() if k in folded]
+    paper, own = distinct[distinct["source"] == "paper"], distinct[distinct["source"] != "paper"]
+    ties = paper[paper["verdict"].map(fk.stats.is_tie) & paper["detectable"].str.contains("wider than the paper's")]
+    chance = distinct[distinct["baseline"].str.startswith("not learned") & (distinct["verdict"] == fk.stats.HELD)]
+    text = f"In all, {len(rows)} rows and {len(distinct)} distinct comparisons"
+    if parts:
+        text += f": {len(rows) - len(distinct)} rows repeat another and are folded into it ({'; '.join(parts)})"
+    text += f". Of the {len(distinct)}, {len(paper)} test the paper's claims ({_counts(paper)})"
+    text += f" and {len(own)} the course's own test{'s' * (len(own) != 1)} ({_counts(own)})." if len(own) else "."
+    if len(ties):
+        text += (f" {len(ties)} of the paper's ties sit on intervals wider than the paper's own effect: had the effect "
+                 "been the paper's, those rows would have tied too.")
+    if len(chance):
+        text += f" {len(chance)} held over a baseline that has not learned, which says only that the other side learns."
+    return text
+
+
+INTRO = [
+    "Every claim of the FedDr+ paper (*FedDr+: Stabilizing Dot-regression with Global Feature Distillation "
+    "for Federated Learning*, Kim et al., arXiv:2406.02355) that a chapter tests, with the chapter's own "
+    "interval, margin and verdict, over three seeds (or, where the column says so, a seed's 100 clients). "
+    "The runs are at the teaching scale (`docs/teaching_scale.md`: a small BatchNorm CNN on CIFAR-10, 120 "
+    "rounds of 10 of 100 clients, one local epoch, on a CPU; chapter 07 cuts the rounds to 40); the paper's "
+    "number beside each is at its own scale, in the setting named there. A verdict is about the teaching "
+    "scale only: it says whether the claim's effect shows here, not whether the paper is right at its scale, "
+    "which is what the last column is for. Rows a chapter credits to the paper for a claim the paper does not "
+    "make are kept as the course's own tests, labelled so and counted apart.",
+    "How to read a verdict (`fk.stats.verdict`; the chapters print the same verdicts in `fk.stats`'s words, "
+    "given here in brackets): **held** and **did not hold** mean the whole 95 % interval lies beyond the "
+    "margin, on the claim's side or on the other; **against the claim (not shown beyond the margin)** "
+    "(*tie, below the margin, against the claim*) means the difference goes the other way (the interval "
+    "excludes zero) without being shown as large as the margin, and its mirror, **in the claim's direction "
+    "(not shown beyond the margin)** (*tie, below the margin, in the claim's direction*), the claimed way; "
+    "**tie (zero inside the interval)** (*tie (within the interval)*) means not even the sign is known.",
+    "How to read the columns. **#** numbers the distinct comparisons: a row that repeats another keeps its "
+    "line but takes the other's number, with the reason. **source** is \"paper\" only where the paper states "
+    "the claim; a row a chapter tests beside the paper's claims, such as the β-scaled control (DR at its lr "
+    "times β, chapter 04) or one lr for both losses (chapter 03), is the course's own test, says why, and "
+    "has no paper number. **baseline** is the chapter's check that the side a claim is measured against "
+    "learned at all (chapters 05-07; \"—\" where the chapter has none): a win over a model at chance shows "
+    "only that the other side learns. **detectable** is the interval's half-width, the smallest difference "
+    "that row could tell from zero (to hold, a difference must clear it and the margin); where it is wider "
+    "than the effect the paper reports, a tie was the only outcome the paper's effect could have given here.",
+]
+TABLE = ["#", "chapter", "claim", "source", "setting", "n", "effect ± 95 % interval", "margin", "verdict", "baseline",
+         "detectable", "the paper's number", "paper scale"]
+
+
+def _cells(r: dict) -> list[str]:
+    """One table row's cells, in ``TABLE``'s order."""
+    first = str(r["#"]) if not r["folded"] else f"= {r['#']} ({r['folded']})"
+    cells = [first, r["chapter"][:2], r["claim"], r["source"], r["setting"], r["seeds"], r["value ± interval"],
+             r["margin"], label(r["verdict"]), r["baseline"], r["detectable"], r["paper"], r["paper scale"]]
+    return [str(c).replace("|", "\\|") for c in cells]
 
 
 def markdown(rows: pd.DataFrame) -> str:
-    """The scorecard page: a count of the verdicts, then the table."""
-    import feddr_kit as fk
-
-    ORDER = [fk.stats.HELD, fk.stats.NOT_HELD, fk.stats.TIE_AGAINST, fk.stats.TIE_TOWARD, fk.stats.TIE, fk.stats.UNTESTABLE]
-
-    counts = rows["verdict"].value_counts()
-    lines = [
-        "# Scorecard: the paper's claims at the teaching scale",
-        "",
-        "<!-- written by results/scorecard.py from the chapters' claims tables: do not edit by hand -->",
-        "",
-        "Every claim of the FedDr+ paper (*FedDr+: Stabilizing Dot-regression with Global Feature Distillation "
-        "for Federated Learning*, Kim et al., arXiv:2406.02355) that a chapter tests, with the chapter's own "
-        "interval, margin and verdict, over three seeds (or, where the column says so, a seed's 100 clients). "
-        "The runs are at the teaching scale (`docs/teaching_scale.md`: a small BatchNorm CNN on CIFAR-10, 120 "
-        "rounds of 10 of 100 clients, one local epoch, on a CPU; chapter 07 cuts the rounds to 40); the paper's "
-        "number beside each is at its own scale, in the setting named there. A verdict is about the teaching "
-        "scale only: it says whether the claim's effect shows here, not whether the paper is right at its scale, "
-        "which is what the last column is for.",
-        "",
-        "How to read a verdict (`fk.stats.verdict`): **held** and **did not hold** mean the whole 95 % interval "
-        "lies beyond the margin, on the claim's side or on the other; a **tie, below the margin, against "
-        "the claim** means the difference goes the other way (the interval excludes zero) without being shown "
-        "as large as the margin, and its mirror, **in the claim's direction**, the claimed way; a plain "
-        "**tie (within the interval)** means not even the sign is known.",
-        "",
-        f"In all, {len(rows)} claims: " + ", ".join(f"{counts[v]} {v}" for v in ORDER if v in counts) + ".",
-        "",
-        "| chapter | claim | setting | n | effect ± 95 % interval | margin | verdict | the paper's number | paper scale |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    order = ["claim", "setting", "seeds", "value ± interval", "margin", "verdict", "paper", "paper scale"]
-    for r in rows.to_dict("records"):
-        cells = [r["chapter"][:2]] + [str(r[c]).replace("|", "\\|") for c in order]
-        lines.append("| " + " | ".join(cells) + " |")
+    """The scorecard page: how to read it, the count of distinct comparisons and their verdicts, the table."""
+    lines = ["# Scorecard: the paper's claims at the teaching scale", "",
+             "<!-- written by results/scorecard.py from the chapters' claims tables: do not edit by hand -->", ""]
+    for paragraph in INTRO:
+        lines += [paragraph, ""]
+    lines += [summary(rows), "", "| " + " | ".join(TABLE) + " |", "|" + "---|" * len(TABLE)]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows.to_dict("records")]
     return "\n".join(lines) + "\n"
 
 
@@ -296,7 +528,7 @@ def main() -> int:
               "run PYTHONPATH=. python results/scorecard.py")
         return 0 if same else 1
     OUT.write_text(page)
-    print(f"wrote {OUT.relative_to(REPO)}: {len(rows)} claims")
+    print(f"wrote {OUT.relative_to(REPO)}: {len(rows)} rows, {(rows['folded'] == '').sum()} distinct comparisons")
     return 0
 
 

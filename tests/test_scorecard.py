@@ -1,5 +1,6 @@
-"""results/scorecard.py: the page it writes from claims tables, the paper's numbers it quotes, and
-whether docs/scorecard.md is what the chapters give today."""
+"""results/scorecard.py: the page it writes from claims tables, the paper's numbers it quotes, how it counts
+distinct comparisons (each fold), which rows it calls the paper's, the baseline and detectable-effect columns,
+and whether docs/scorecard.md is what the chapters give today."""
 from __future__ import annotations
 
 import importlib.util
@@ -50,9 +51,10 @@ def test_one_row_per_paper_claim_with_its_verdict_and_the_papers_number(tmp_path
     assert rows.loc[1, "paper"].startswith("none: SCAFFOLD's run failed")  # the paper marks it "(Failed)" at α = 0.1
     assert (rows["paper scale"] == "not run").all()
     page = sc.markdown(rows)
-    body = [line for line in page.splitlines() if line.startswith("| 05 |")]
-    assert len(body) == 2 and all(line.count(" | ") == 8 for line in body)  # nine cells
-    assert "In all, 2 claims: 1 held" in page
+    body = [line for line in page.splitlines() if " | 05 | " in line]
+    assert len(body) == 2 and all(line.count(" | ") == len(sc.TABLE) - 1 for line in body)
+    assert ("In all, 2 rows and 2 distinct comparisons. Of the 2, 2 test the paper's claims (1 held, "
+            "1 tie (zero inside the interval)).") in page
 
 
 def test_paper_scale_runs_fill_the_claims_they_can_test(tmp_path):
@@ -113,3 +115,165 @@ def test_readme_and_quickstart_link_the_scorecard():
 
     nb = nbformat.read(REPO / "notebooks" / "00_quickstart.ipynb", as_version=4)
     assert any("scorecard.md" in c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+# --------------------------------------------------------------------------- distinct comparisons, sources, baselines
+OWN = "same global model (DR run), own lrs, frozen ETF, 2x10 clients/seed"
+SHARED = OWN.replace("own lrs", "shared lr 0.1")
+CH07 = "CIFAR-10 shard s=5, 40 rounds, cnn_bn"
+CH08 = "CIFAR-10 s=2, cnn_bn, 120 rounds"
+
+
+def _folding_tables() -> dict[str, pd.DataFrame]:
+    """Every kind of fold, at the size of the real chapters: chapter 03's identical pair at both lrs, chapter
+    07's base point under its two names, chapter 08's claim with three per-seed bootstraps."""
+    ch03 = []
+    for st, values in ((OWN, [-0.42, -0.41, -0.43]), (SHARED, [0.10, 0.12, 0.13])):
+        ch03 += [("same model: DR's local accuracy on unobserved classes below CE's", "paper", st, values),
+                 ("same model: DR loses more unobserved-class accuracy than CE (local − global)", "paper", st, values)]
+    base = [-0.01, 0.0, -0.004]
+    ch07 = [("FedDr+ beats fedavg at participation 0.1", "paper", CH07, base),
+            ("FedDr+ beats fedavg at 3 local epochs", "paper", CH07, [-0.01, -0.012, -0.014]),
+            ("FedDr+ beats fedavg at 1 local epochs", "paper", CH07, base)]
+    ch08 = [("FedDr+ FT beats the global FedDr+ model (per-client mean)", "paper", CH08, [0.49, 0.47, 0.51])]
+    ch08 += [(f"… the same, over the clients of seed {s}", "paper", CH08, [0.5 + s / 100, 0.45, 0.52]) for s in range(3)]
+    ch08 += [("FedDr+ FT beats FedAvg-FT", "paper", CH08, [-0.01, 0.0, -0.02])]
+    return {"03_dr_forgets_unseen": _table("03_dr_forgets_unseen", ch03), "07_sensitivity": _table("07_sensitivity", ch07),
+            "08_personalization": _table("08_personalization", ch08)}
+
+
+def test_each_comparison_counts_once(tmp_path):
+    """The two chapter-03 rows that one shared global model makes identical count once at each lr, chapter 07's
+    base point counts once under its two names, and chapter 08's per-seed bootstraps fold under their claim."""
+    rows = sc.scorecard(_folding_tables(), scale=sc.paper_scale_rows(tmp_path)).set_index(["claim", "setting"])
+    num = lambda claim, setting: (rows.loc[(claim, setting), "#"], rows.loc[(claim, setting), "folded"])
+    for st in (OWN, SHARED):
+        kept = num("same model: DR loses more unobserved-class accuracy than CE (local − global)", st)
+        assert kept[1] == "" and num("same model: DR's local accuracy on unobserved classes below CE's", st) == (kept[0], sc.IDENTICAL)
+    kept = num("FedDr+ beats fedavg at participation 0.1", CH07)
+    assert kept[1] == "" and num("FedDr+ beats fedavg at 1 local epochs", CH07) == (kept[0], sc.SAME_RUNS)
+    assert num("FedDr+ beats fedavg at 3 local epochs", CH07)[1] == ""
+    kept = num("FedDr+ FT beats the global FedDr+ model (per-client mean)", CH08)
+    assert [num(f"… the same, over the clients of seed {s}", CH08) for s in range(3)] == [(kept[0], sc.BOOTSTRAP)] * 3
+    assert sorted(rows.loc[rows["folded"] == "", "#"]) == list(range(1, 7))  # 12 rows, 6 folded
+    page = sc.markdown(rows.reset_index())
+    assert "In all, 12 rows and 6 distinct comparisons: 6 rows repeat another and are folded into it (2 identical " in page
+    assert "; 1 the same runs counted twice (chapter 07's base point" in page and "; 3 per-seed client bootstraps" in page
+    assert "Of the 6, 5 test the paper's claims (" in page and " and 1 the course's own test (" in page
+    assert "| = 1 (identical by construction) | 03 | same model: DR's local accuracy" in page
+
+
+def test_a_fold_by_construction_must_repeat_the_value(tmp_path):
+    """Rows folded as identical by construction (or as the same runs) that differ mean the construction broke."""
+    tables = {"03_dr_forgets_unseen": _table("03_dr_forgets_unseen", [
+        ("same model: DR's local accuracy on unobserved classes below CE's", "paper", OWN, [-0.42, -0.41, -0.43]),
+        ("same model: DR loses more unobserved-class accuracy than CE (local − global)", "paper", OWN, [-0.42, -0.41, -0.40])])}
+    with pytest.raises(ValueError, match="identical by construction"):
+        sc.scorecard(tables, scale=sc.paper_scale_rows(tmp_path))
+
+
+def test_source_is_the_paper_only_where_the_paper_states_the_claim(tmp_path):
+    """The β-scaled control, chapter 03's shared lr and chapter 07's participation rows for FedDr+ and FedAvg
+    are the course's own tests, without a paper number; a per-client fine-tuning gain is not set beside the
+    paper's test-set number, which goes beside the mixed-batch row alone."""
+    st04 = "cifar10 s=5, 120 rounds, E=1, own lrs"
+    tables = {
+        "03_dr_forgets_unseen": _table("03_dr_forgets_unseen", [
+            ("same model: DR aligns unobserved classes less than CE", "paper", OWN, [-0.4, -0.38, -0.37]),
+            ("same model: DR aligns unobserved classes less than CE", "paper", SHARED, [0.04, 0.05, 0.03])]),
+        "04_feature_distillation": _table("04_feature_distillation", [
+            ("FedDr+'s global model more accurate (final round), vs DR", "paper", st04, [0.0, 0.01, -0.02]),
+            ("FedDr+'s global model more accurate (final round), vs control", "paper", st04, [0.0, 0.01, -0.02])]),
+        "07_sensitivity": _table("07_sensitivity", [
+            ("feddr+: participation 0.2 beats 0.05", "paper", CH07, [0.05, 0.07, 0.08]),
+            ("fedavg: participation 0.2 beats 0.05", "paper", CH07, [0.1, 0.11, 0.12]),
+            ("FedDr+ beats fedavg at participation 0.2", "paper", CH07, [-0.03, -0.04, -0.04]),
+            ("feddr+: 10 local epochs beat 1", "paper", CH07, [0.0, 0.1, 0.12])]),
+        "08_personalization": _table("08_personalization", [
+            ("FedDr+ FT beats the global FedDr+ model (per-client mean)", "paper", CH08, [0.49, 0.47, 0.51]),
+            ("FedDr+ FT beats the global FedDr+ model scored in mixed batches (its test accuracy)", "paper", CH08, [0.4, 0.43, 0.45]),
+            ("FedDr+ FT beats the global FedDr+ model (per-client mean)", "paper", "CIFAR-10 α=0.1, cnn_bn, 120 rounds",
+             [0.4, 0.45, 0.46])])}
+    rows = sc.scorecard(tables, scale=sc.paper_scale_rows(tmp_path))
+    src, paper = list(rows["source"]), list(rows["paper"])
+    assert src[0] == "paper" and src[1] == "course: one lr for both losses" and paper[1].startswith("none: the course's own test")
+    assert src[2] == "paper" and paper[2].startswith("+6.17 pp at s=10")
+    assert src[3].startswith("course: against the β-scaled control") and paper[3] == "none: the paper has no β-scaled control"
+    assert src[4] == src[5] == "course: the paper says it of FedBABU and SphereFed"
+    assert all("FedBABU and SphereFed" in p and p.startswith("none") for p in paper[4:6])
+    assert src[6] == "paper" and src[7] == "paper" and paper[7].startswith("none: stated in words (CIFAR-10 grid search")
+    assert paper[8].startswith("none: this gain is over the global model scored on each client's own test batches")
+    assert paper[9].startswith("+24.42 pp (75.42 vs 51.00; MobileNet, CIFAR-100 s=20, `apptab:pfl_acc`)")
+    assert paper[10].startswith("+28.92 pp (74.75 vs 45.83") and "per-client mean" in paper[10]  # the α entries are
+    assert "Of the 11, 7 test the paper's claims" in sc.markdown(rows)
+
+
+def test_detectable_effect_is_the_interval_half_width(tmp_path):
+    """The detectable column is each row's half-width, in the row's unit and digits, read from a symmetric or a
+    bootstrap interval, and is marked where it is wider than every effect the paper reports for the row."""
+    values = {"FedDr+ beats FedAvg": [-0.05, 0.0, -0.03], "FedDr+ beats FedBABU": [-0.100, -0.105, -0.110]}
+    tables = {"05_nine_algorithms": _table("05_nine_algorithms", [(c, "paper", "s=2, 120 rounds", v) for c, v in values.items()])}
+    rows = sc.scorecard(tables, scale=sc.paper_scale_rows(tmp_path))
+    for claim, v in values.items():
+        want = f"{100 * fk.stats.interval(v).half_width:.1f} pp"
+        assert rows.set_index("claim").loc[claim, "detectable"].split(" (")[0] == want
+    assert rows.loc[0, "detectable"].endswith(" pp (wider than the paper's effect)")  # ± 6.3 pp against +4.49 pp
+    assert rows.loc[1, "detectable"] == "1.2 pp"
+    boot = fk.stats.Interval(0.511, 0.480, 0.540, 100, method="bootstrap BCa")
+    assert boot.format(".1f", 100, " pp", sign=True) == "+51.1 [48.0, 54.0] pp"
+    assert sc.detectable("+51.1 [48.0, 54.0] pp", "none") == f"{100 * boot.half_width:.1f} pp"
+    assert sc.detectable("-0.068 ± 0.013", "none: a figure") == "0.013" and sc.detectable("0.1 (n=1)", "none") == "—"
+    assert "1 of the paper's ties sit on intervals wider than the paper's own effect" in sc.markdown(rows)
+
+
+def test_baseline_check_comes_along(tmp_path):
+    """A chapter's check that the baseline learned is a column; β = 0 at chance says only that the DR term trains
+    the extractor; a chapter without the check shows "—"."""
+    t = _table("07_sensitivity", [("balanced β beats β=0", "paper", CH07, [0.34, 0.36, 0.37]),
+                                  ("FedDr+ beats fedavg at participation 0.2", "paper", CH07, [-0.03, -0.04, -0.04])])
+    t[sc.BASELINE_TEXT] = ["feddr+ β=0 11.3 [8.9, 13.7] %", "fedavg at 0.2 58.1 [56.0, 60.2] %"]
+    t[sc.BASELINE_OK] = ["no: reaches chance", "yes"]
+    tables = {"07_sensitivity": t, "00_quickstart": _table("00_quickstart", [
+        ("FedDr+ beats FedAvg", "paper", "s=5, 120 rounds", [0.0, 0.01, -0.02])])}
+    rows = sc.scorecard(tables, scale=sc.paper_scale_rows(tmp_path))
+    assert rows.loc[0, "baseline"] == ("not learned (reaches chance): feddr+ β=0 11.3 [8.9, 13.7] %; β = 0 is distillation "
+                                       "alone; the win says only that the DR term trains the extractor")
+    assert rows.loc[1, "baseline"] == "learned: fedavg at 0.2 58.1 [56.0, 60.2] %" and rows.loc[2, "baseline"] == "—"
+    assert "1 held over a baseline that has not learned" in sc.markdown(rows)
+
+
+def _page_rows() -> pd.DataFrame:
+    """docs/scorecard.md's table, one string per cell (its freshness is test_scorecard_is_what_the_chapters_give's)."""
+    lines = [ln for ln in (REPO / "docs" / "scorecard.md").read_text().splitlines() if ln.startswith("| ")]
+    split = lambda ln: [c.strip() for c in re.split(r"(?<!\\) \| ", ln.strip("| "))]
+    return pd.DataFrame([split(ln) for ln in lines[1:]], columns=split(lines[0]))
+
+
+def test_the_page_folds_and_labels_the_named_rows():
+    """On docs/scorecard.md itself: chapter 03's identical rows, chapter 07's base point and chapter 08's
+    bootstraps are folded, the named rows carry the course's label, every detectable cell is its row's
+    half-width, and the count of distinct comparisons is the rows less the folded ones."""
+    page = _page_rows()
+    assert list(page.columns) == sc.TABLE
+    folded = page[page["#"].str.startswith("=")]
+    reasons = folded["#"].str.extract(r"\((.*)\)")[0].value_counts().to_dict()
+    assert reasons == {sc.IDENTICAL: 2, sc.SAME_RUNS: 1, sc.BOOTSTRAP: 6}
+    number = lambda claim, where: page.loc[(page["claim"] == claim) & page["setting"].str.contains(where), "#"].tolist()
+    for lrs in ("own lrs", "shared lr 0.1"):
+        kept = number("same model: DR loses more unobserved-class accuracy than CE (local − global)", lrs)
+        assert number("same model: DR's local accuracy on unobserved classes below CE's", lrs) == [f"= {kept[0]} ({sc.IDENTICAL})"]
+    kept = number("FedDr+ beats fedavg at participation 0.1", "")
+    assert number("FedDr+ beats fedavg at 1 local epochs", "") == [f"= {kept[0]} ({sc.SAME_RUNS})"]
+    assert (page.loc[page["setting"].str.contains("shared lr"), "source"] == "course: one lr for both losses").all()
+    assert page.loc[page["claim"].str.endswith(", vs control"), "source"].str.startswith("course: against the β-scaled").all()
+    assert (page.loc[page["claim"].str.match(r"(feddr\+|fedavg): participation"), "source"]
+            == "course: the paper says it of FedBABU and SphereFed").all()
+    assert (page.loc[~page["source"].str.startswith("paper"), "the paper's number"].str.startswith("none")).all()
+    beta0 = page.loc[page["claim"] == "balanced β beats β=0", "baseline"]
+    assert beta0.str.startswith("not learned").all() and beta0.str.contains("DR term trains the extractor").all()
+    for value, cell in zip(page["effect ± 95 % interval"], page["detectable"]):
+        width, unit, decimals = sc.half_width(value)
+        assert cell.split(" (")[0] == f"{width:.{decimals}f}{unit}", (value, cell)
+    n = len(page)
+    text = (REPO / "docs" / "scorecard.md").read_text()
+    assert f"In all, {n} rows and {n - 9} distinct comparisons: 9 rows repeat another" in text
