@@ -290,7 +290,7 @@ def flower_main(cfg: Config, args: dict) -> int:
     """``python -m feddr_kit flower``: :func:`feddr_kit.flower_run.simulate`, or with ``--federation deployment``
     :func:`feddr_kit.flower_run.deploy`; prints the summary and timings. What the mode needs (Flower, and Ray for
     the simulation) is checked first, so a missing one is one line, before anything starts."""
-    from .flower_run import check_installed, deploy, simulate
+    from .flower_run import check_installed, check_superlink, deploy, simulate
 
     deployment = args["federation"] == "deployment"
     options = {k: args[k] for k in ("num_supernodes", "startup_timeout", "timeout", "ray_memory_threshold", "ray_num_cpus")}
@@ -299,6 +299,8 @@ def flower_main(cfg: Config, args: dict) -> int:
             raise FeddrKitError("--federation deployment needs --superlink HOST:PORT, the running SuperLink's address")
         if not deployment and args["superlink"] is not None:
             raise FeddrKitError("--superlink is for --federation deployment (the local simulation starts a SuperLink of its own)")
+        if deployment:  # an address flwr run cannot use is refused at once, not after the start-up timeout
+            check_superlink(args["superlink"])
         check_installed(simulation=not deployment)
         timing = (deploy(cfg, args["superlink"], startup_timeout=args["startup_timeout"], timeout=args["timeout"])
                   if deployment else simulate(cfg, **options))

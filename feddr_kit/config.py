@@ -229,7 +229,8 @@ class Config:
 
 def read_mapping(path: str | os.PathLike, what: str = "config file") -> dict[str, Any]:
     """The mapping a ``.json``, ``.yaml`` or ``.yml`` file holds; one-line ``FeddrKitError`` when the file
-    is missing, unreadable, of another kind or not a mapping. ``what`` names the file in the errors."""
+    is missing, unreadable, of another kind or not a mapping, or when a mapping in it gives a key twice (which
+    both parsers would take silently, keeping the last). ``what`` names the file in the errors."""
     path = Path(path)
     if not path.is_file():
         raise FeddrKitError(f"{what}: {path} is not a file")
@@ -238,18 +239,54 @@ def read_mapping(path: str | os.PathLike, what: str = "config file") -> dict[str
         raise FeddrKitError(f"{what}: {path} must end in .json, .yaml or .yml")
     try:
         text = path.read_text()
-        if suffix == ".json":
-            value = json.loads(text)
-        else:
-            import yaml  # PyYAML, a dependency of the kit (and of papermill)
-
-            value = yaml.safe_load(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys) if suffix == ".json" else _yaml_load(text)
+    except DuplicateKeyError as err:
+        raise FeddrKitError(f"{what}: {path} gives {err.key!r} twice (which one is meant?); give it once") from None
     except Exception as err:  # a syntax error of either parser, or an unreadable file: one line either way
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise FeddrKitError(f"{what}: cannot read {path} ({type(err).__name__}: {first})") from None
     if not isinstance(value, dict):
         raise FeddrKitError(f"{what}: {path} must hold a mapping of names to values, got {type(value).__name__}")
     return value
+
+
+class DuplicateKeyError(ValueError):
+    """A mapping in a config file names ``key`` twice (both parsers would silently keep the last)."""
+
+    def __init__(self, key: Any):
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object, or :class:`DuplicateKeyError` for a name given twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def _yaml_load(text: str) -> Any:
+    """``yaml.safe_load`` that raises :class:`DuplicateKeyError` for a key given twice in one mapping: a file that
+    sets ``lr`` twice is a mistake to show, not a choice to make silently."""
+    import yaml  # PyYAML, a dependency of the kit (and of papermill)
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden: that is its use
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, typing.Hashable):
+                    if key in seen:
+                        raise DuplicateKeyError(key)
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return yaml.load(text, Loader=UniqueKeyLoader)
 
 
 def read_file(path: str | os.PathLike) -> dict[str, Any]:
@@ -259,6 +296,11 @@ def read_file(path: str | os.PathLike) -> dict[str, Any]:
     A file is read as the command line reads its flags: a number written as text is that number for a
     numeric field (PyYAML reads ``lr: 1e-3`` as the string ``"1e-3"``: YAML 1.1 floats need a dot), and
     ``out_dir: none`` is refused like ``--out-dir none`` (:func:`is_none_word`), not taken as a folder.
+    For an integer field a whole number is that integer however it is written (``rounds: 1.0``, ``"1.0"``,
+    ``1e1``, JSON's ``1.0``): whether a parser hands over text or a float depends on the spelling alone
+    (YAML reads ``1e1`` as text and ``1.0e1`` as a float), and programs that write config files often write
+    every number as a float, so the same value must not be taken or refused by its spelling. A fraction
+    (``rounds: 2.5``) is refused, as ``--rounds 2.5`` is.
     """
     values = read_mapping(path)
     unknown = sorted(set(values) - {f.name for f in fields(Config)})
@@ -297,13 +339,18 @@ def _numbers_from_text(name: str, value: Any) -> Any:
 
 
 def _number(value: Any, kind: type) -> Any:
-    if not isinstance(value, str):
+    """``value`` as a number of ``kind`` when it is one: text that reads as a number, or (for ``int``) a
+    whole-number float; anything else unchanged, for validation to name (see :func:`read_file`)."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+    elif isinstance(value, float):
+        number = value
+    else:  # ints, bools (never numbers here), None, lists of lists: validation's to judge
         return value
-    try:
-        number = float(value)
-    except ValueError:
-        return value
-    if kind is int:  # "20" and "1e3" are integers; "2.5" stays text, and validation says an integer is needed
+    if kind is int:  # "20", "1e3", 1.0 and "1.0" are integers; 2.5 and "2.5" stay, for validation to refuse
         return int(number) if number.is_integer() else value
     return number
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import ipaddress
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,23 +65,62 @@ def config_from_run_config(run_config: dict[str, Any]) -> Config:
 INSTALL = 'pip install -e ".[flower]"'
 
 
+# Flower's commands a run starts, beside this Python: `flwr run` always; for the simulation also the SuperLink and
+# the SuperExec it starts by name (flwr_environment puts this Python's bin first on PATH).
+SIMULATION_COMMANDS, DEPLOYMENT_COMMANDS = ("flwr", "flower-superlink", "flower-superexec"), ("flwr",)
+
+
 def check_installed(simulation: bool = True) -> None:
     """Raise a one-line :class:`FeddrKitError` naming ``pip install -e ".[flower]"`` when Flower or, for the
     ``simulation``, its engine (Ray) is missing, which ``flwr run`` would otherwise report only after its
-    start-up. A deployment needs no Ray: the SuperNodes run the clients."""
+    start-up, or when Flower's commands are not beside this Python (:func:`command`). A deployment needs no
+    Ray: the SuperNodes run the clients."""
     wanted = ("flwr", "ray") if simulation else ("flwr",)
     missing = [name for name in wanted if importlib.util.find_spec(name) is None]
     if missing:
         what = "Flower's simulation extra" if simulation else "Flower"
         raise FeddrKitError(f"the flower command needs {what} ({' and '.join(missing)} not installed): {INSTALL}")
+    for name in SIMULATION_COMMANDS if simulation else DEPLOYMENT_COMMANDS:
+        command(name)
+
+
+def command(name: str) -> str:
+    """The path of Flower's command ``name`` beside the running Python, where ``pip install`` puts it for this
+    environment; a one-line :class:`FeddrKitError` naming it and the install when it is not there (Flower
+    importable through PYTHONPATH or from another environment, its commands not installed for this Python)."""
+    path = Path(sys.executable).parent / name
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise FeddrKitError(f"the flower command needs Flower's `{name}` command beside this Python, but {path} is "
+                            f"missing: install Flower into this environment with {sys.executable} -m {INSTALL}")
+    return str(path)
+
+
+# A host name (labels of letters, digits, hyphens and, as container names have them, underscores), an IPv4 address,
+# or an IPv6 address in brackets.
+_HOST = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?|\[[0-9A-Fa-f:.]+\]")
 
 
 def check_superlink(address: str) -> str:
-    """``address`` if it reads HOST:PORT (a port number after the last colon), else a :class:`FeddrKitError`."""
+    """``address`` if it reads HOST:PORT (a host name or IP address, a port number after the last colon), else a
+    one-line :class:`FeddrKitError`: ``flwr run`` would not reach it, and a wait for it would last the whole
+    start-up timeout and then blame a slow SuperLink."""
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise FeddrKitError(f"superlink: expected HOST:PORT (the SuperLink's address, e.g. 127.0.0.1:8000), got {address!r}")
+    if "://" in address:
+        raise FeddrKitError(f"superlink: expected HOST:PORT without a scheme (Flower's SuperLink address, e.g. "
+                            f"127.0.0.1:9093), got {address!r}: leave out {address.split('://', 1)[0]}://")
+    ok_host = bool(_HOST.fullmatch(host)) and (not host.startswith("[") or _is_ipv6(host[1:-1]))
+    if not ok_host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise FeddrKitError(f"superlink: expected HOST:PORT (the SuperLink's address: a host name or IP address, a "
+                            f"port, e.g. 127.0.0.1:9093), got {address!r}")
     return address
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def check_supported(cfg: Config) -> None:
@@ -177,7 +218,7 @@ def _start_superlink(home: Path, http_port: int, env: dict) -> subprocess.Popen:
     """Start a SuperLink (simulation, subprocess isolation) on ``http_port``, its logs and state under ``home``."""
     logs = home / "local-superlink"
     logs.mkdir(parents=True, exist_ok=True)
-    cmd = [str(Path(sys.executable).parent / "flower-superlink"), "--insecure", "--simulation", "--isolation",
+    cmd = [command("flower-superlink"), "--insecure", "--simulation", "--isolation",
            "subprocess", "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(http_port),
            "--database", str(logs / "state.db"), "--log-file", str(logs / "superlink.log")]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -328,12 +369,15 @@ def deploy(cfg: Config, superlink: str, *, startup_timeout: float = 300.0, timeo
 
 @contextlib.contextmanager
 def _app_folder(cfg: Config, superlink: str | None = None) -> Iterator[tuple[Config, Path, Path, Path]]:
-    """Claim ``cfg.out_dir`` for one Flower run and write the app and a ``FLWR_HOME`` into it (its one
-    connection: ``superlink``, or the local SuperLink when None). Yields ``(cfg, out_dir, app, home)``:
+    """Claim ``cfg.out_dir`` for one Flower run, emptied of an old run's results (``cfg.overwrite``: a run that
+    then crashes leaves no ``summary.json`` to pass as its own), and write the app and a ``FLWR_HOME`` into it
+    (its one connection: ``superlink``, or the local SuperLink when None). Yields ``(cfg, out_dir, app, home)``:
     ``cfg`` with the folder's absolute path and progress off (the ServerApp runs in another process and
     folder), the folder, the app's folder and the ``FLWR_HOME``; the folder is released on leaving."""
     with rundir.claim(Path(cfg.out_dir), resume=False, overwrite=cfg.overwrite) as out_dir:
         out_dir = out_dir.resolve()
+        # claim removed the run's result files; the ServerApp's timings go too, so none of the old run's is read
+        (out_dir / TIMING).unlink(missing_ok=True)
         cfg = cfg.replace(out_dir=str(out_dir), progress=False)
         app = write_app(cfg, out_dir / APP_DIR).parent
         home = out_dir / FLWR_HOME_DIR
@@ -355,7 +399,7 @@ def _check_run(cfg: Config) -> None:
 def _flwr_run(app: Path, connection: str, env: dict, timeout: float, stream: bool, *options: str) -> None:
     """``flwr run APP CONNECTION [options] [--stream]`` in the app's parent folder; a :class:`FeddrKitError` on
     a non-zero exit or past ``timeout`` seconds (the command is then killed)."""
-    cmd = [str(Path(sys.executable).parent / "flwr"), "run", str(app), connection, *options] + (["--stream"] if stream else [])
+    cmd = [command("flwr"), "run", str(app), connection, *options] + (["--stream"] if stream else [])
     try:
         done = subprocess.run(cmd, env=env, cwd=app.parent, timeout=timeout)
     except subprocess.TimeoutExpired:

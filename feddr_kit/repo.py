@@ -26,22 +26,36 @@ def is_repo(folder: str | Path) -> bool:
 def root(start: str | Path | None = None, installed: str | Path | None = None) -> Path:
     """The repository's root folder (absolute).
 
-    The nearest folder at or above ``start`` (default: the working directory) that :func:`is_repo`;
-    else ``installed`` (default: the folder above the imported ``feddr_kit`` package) when it is one.
+    The nearest folder at or above ``start`` (default: the working directory; a relative ``start`` is taken
+    from it) that :func:`is_repo`; else ``installed`` (default: the folder above the imported ``feddr_kit``
+    package) when it is one, which is also the answer when the working directory has been deleted.
     The working directory comes first so that a second clone runs on its own files. Raises
     ``FeddrKitError`` when neither is a repository (a copy of the package installed without its
     repository, run from outside a clone).
     """
-    start = Path.cwd() if start is None else Path(start).resolve()
-    for folder in (start, *start.parents):
+    begin = _start(start)
+    for folder in (begin, *begin.parents) if begin is not None else ():
         if is_repo(folder):
             return folder
     installed = PACKAGE_REPO if installed is None else Path(installed).resolve()
     if is_repo(installed):
         return installed
+    where = begin if begin is not None else (
+        "the working directory, which was deleted" if start is None
+        else f"{start} (relative to the working directory, which was deleted)")
     raise FeddrKitError(f"no feddr_kit repository (a folder with pyproject.toml, feddr_kit/ and results/) at or above "
-                        f"{start}, nor where feddr_kit is installed ({installed}): start from inside a clone of the "
+                        f"{where}, nor where feddr_kit is installed ({installed}): start from inside a clone of the "
                         "repository, or install the clone with `pip install -e .`")
+
+
+def _start(start: str | Path | None) -> Path | None:
+    """``start`` as an absolute path (default: the working directory), or None when it cannot be made one
+    because the working directory was deleted (a notebook whose folder was removed under it): then there is
+    nothing to search upward from, and the installed copy answers."""
+    try:
+        return Path.cwd() if start is None else Path(start).resolve()
+    except FileNotFoundError:
+        return None
 
 
 def results(start: str | Path | None = None) -> Path:

@@ -12,8 +12,9 @@ initial lr for VGG-11, the algorithms' ``default_lr``), in priority order (:func
 
 ``--budget SECONDS`` starts only the runs that can finish inside it: each run costs its rounds times the
 measured seconds per round (``--sec-per-round``, else the ``--timing`` CSVs or ``round_time_<gpu>.csv`` of
-this GPU for the engine settings in :data:`ENGINE`, else a timed three-round run), and ``--jobs N`` runs
-them side by side, each slowed as measured (:data:`SIDE_BY_SIDE`). Runs go to
+this GPU for the engine settings in :data:`ENGINE`, else a timed three-round run, announced, stopped when the
+budget runs out, and paid out of the budget like the data's loading), and ``--jobs N`` runs them side by
+side, each slowed as measured (:data:`SIDE_BY_SIDE`). Runs go to
 ``results/paper_scale/<setting>/<group>/<run>/`` through ``fk.sweep.run``: finished runs are skipped,
 so the next lease continues with the next ones. ``--export DIR`` copies each run as it finishes, without
 its checkpoint, with ``machines.json`` (the GPU each run used) and ``paper_scale.csv``, to where a lease
@@ -25,19 +26,22 @@ brings files back.
     python results/paper_scale.py --tiny --budget 60                                   # CPU smoke test
 
 ``--collect-only`` rewrites ``results/paper_scale/paper_scale.csv`` (one row per finished run) and
-``docs/paper_scale.md`` (each cell beside the paper's, the two questions answered as far as the runs go).
+``docs/paper_scale.md`` (each cell beside the paper's, the two questions answered as far as the runs go);
+with another ``--root``, the root's own ``paper_scale.md`` instead (``--doc`` names another page).
 Commit the finished runs with ``git add results/paper_scale docs/paper_scale.md``; checkpoints and locks
-are ignored.
+are ignored. Exit codes as ``python -m feddr_kit``'s: 0 done, 2 bad input or an unreadable run file (one
+line naming it), 3 a result file could not be written, 130 Ctrl-C (finished runs kept, folders released).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
-import json
 import math
 import os
 import re
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -51,13 +55,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import feddr_kit as fk  # noqa: E402
 from _sweeps import slug  # noqa: E402
-from feddr_kit.rundir import CHECKPOINT, write_json, write_text  # noqa: E402
+from feddr_kit.errors import FeddrKitError, StorageError  # noqa: E402
+from feddr_kit.rundir import CHECKPOINT, read_csv, read_json, write_json, write_text  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent
 ROOT = RESULTS / "paper_scale"
 DOC = RESULTS.parent / "docs" / "paper_scale.md"
 TINY_ROOT = RESULTS.parent / "runs" / "paper_scale_tiny"
-CSV, MACHINES = "paper_scale.csv", "machines.json"
+CSV, MACHINES, PAGE = "paper_scale.csv", "machines.json", "paper_scale.md"
+WHO = "paper_scale"  # how the recipe's one-line errors begin
 
 # The paper's CIFAR-10 runs (spec §0; the paper's appendix table of settings). lr is each algorithm's
 # default for VGG-11, the reference code's (0.01 for the CE methods, 0.35 FedDr+ and DR, 0.55 SphereFed,
@@ -225,15 +231,55 @@ def measured_seconds(csvs: list[Path], device: str, model: str, label: str) -> d
     return out
 
 
-def timed_round(cfg: fk.Config, data) -> float:
-    """Median seconds of three rounds of ``cfg`` (no folder): what to plan with where nothing was measured."""
-    result = fk.run(cfg.replace(rounds=3, eval_every=3, out_dir=None, progress=False), data=data)
+TIMED_ROUNDS = 3
+
+
+class OutOfBudget(Exception):
+    """The budget ran out before the recipe finished measuring: no run can fit in what is left."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Raise :class:`OutOfBudget` inside the block once ``seconds`` have passed (a SIGALRM timer, so that a timing
+    round on a slow machine stops at the budget's end instead of running minutes past it). No limit for an infinite
+    ``seconds``, off the main thread or without SIGALRM (signals reach the main thread only)."""
+    if not math.isfinite(seconds) or threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "setitimer"):
+        yield
+        return
+    if seconds <= 0:
+        raise OutOfBudget
+
+    def stop(signum, frame):
+        raise OutOfBudget
+
+    previous, armed = signal.signal(signal.SIGALRM, stop), time.monotonic()
+    outer = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer[0] > 0:  # a caller's own timer (a test's time limit, say) goes on with what it had left
+            signal.setitimer(signal.ITIMER_REAL, max(outer[0] - (time.monotonic() - armed), 1e-3), outer[1])
+
+
+def timed_round(cfg: fk.Config, data, limit_s: float = math.inf) -> float:
+    """Median seconds of :data:`TIMED_ROUNDS` rounds of ``cfg`` (no folder): what to plan with where nothing was
+    measured. :class:`OutOfBudget` when they take more than ``limit_s`` seconds (then no run of hundreds of such
+    rounds could fit either)."""
+    with deadline(limit_s):
+        result = fk.run(cfg.replace(rounds=TIMED_ROUNDS, eval_every=TIMED_ROUNDS, out_dir=None, progress=False),
+                        data=data)
     return float(result.summary["sec_per_round"])
 
 
-def estimator(args: argparse.Namespace, scale: dict, data) -> Callable[[fk.Config], float]:
+def estimator(args: argparse.Namespace, scale: dict, data,
+              time_left: Callable[[], float] = lambda: math.inf) -> Callable[[fk.Config], float]:
     """``seconds_of(cfg)``: a run's estimated seconds alone, ``rounds × seconds per round × OVERHEAD``. A method with
-    a teacher (FedDr+) costs what FedDr+ costs, the others what FedAvg costs (the two timed algorithms)."""
+    a teacher (FedDr+) costs what FedDr+ costs, the others what FedAvg costs (the two timed algorithms). Where
+    nothing was measured FedDr+ is timed here, said first, within ``time_left()`` seconds (:class:`OutOfBudget`
+    past them)."""
     if args.sec_per_round is not None:
         per_round = {"fedavg": args.sec_per_round, "feddr+": args.sec_per_round}
     else:
@@ -242,7 +288,12 @@ def estimator(args: argparse.Namespace, scale: dict, data) -> Callable[[fk.Confi
         per_round = measured_seconds(csvs, device_name(), scale["model"], engine_label(ENGINE))
         if "feddr+" not in per_round:  # the slower one, timed here, stands for both
             cfg = fk.Config(**{**scale, **ENGINE, **SETTINGS["s=2"], "algorithm": "feddr+"})
-            per_round["feddr+"] = timed_round(cfg, data)
+            left = time_left()
+            print(f"{WHO}: no seconds per round measured for {scale['model']} on {device_name()} (engine "
+                  f"{engine_label(ENGINE)}; looked in {', '.join(p.name for p in csvs)}): timing {TIMED_ROUNDS} FedDr+ "
+                  f"rounds first, out of the budget ({'no limit' if math.isinf(left) else f'{left:.0f} s left'}; "
+                  "--sec-per-round or --timing CSV skips this)", flush=True)
+            per_round["feddr+"] = timed_round(cfg, data, left)
             print(f"timed: {per_round['feddr+']:.2f} s per FedDr+ round on {device_name()}", flush=True)
         per_round.setdefault("fedavg", per_round["feddr+"])
 
@@ -271,7 +322,7 @@ class Exporter:
     def __init__(self, root: Path, scale: dict, export: Path | None, every_s: float = 10.0):
         self.root, self.scale, self.export, self.every_s = root, scale, export, every_s
         self.machine = {"device": device_name(), "torch": torch.__version__, "engine": engine_label(ENGINE)}
-        self._stop = threading.Event()
+        self._stop, self._warned = threading.Event(), set()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> "Exporter":
@@ -285,11 +336,15 @@ class Exporter:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.sweep()
+            try:
+                self.sweep()
+            except FeddrKitError as err:  # a run file it cannot read: said once, the runs go on, stop() raises it
+                if str(err) not in self._warned:
+                    self._warned.add(str(err))
+                    print(f"warning: {err}", file=sys.stderr, flush=True)
 
     def sweep(self) -> None:
-        machines_path = self.root / MACHINES
-        machines = json.loads(machines_path.read_text()) if machines_path.exists() else {}
+        machines_path, machines = self.root / MACHINES, read_machines(self.root)
         new = [p for p in finished(self.root) if p.relative_to(self.root).as_posix() not in machines]
         if not new:
             return
@@ -326,15 +381,14 @@ def rows(root: Path, scale: dict, seeds: list[int] = SEEDS) -> pd.DataFrame:
     (``machines.json``) and its folder under ``root``. ``reported`` is the number the paper's code reports: the best
     evaluated round of the clients' local-test mean on shards (``best_local_acc``), of the test set on Dirichlet
     (``best_acc``)."""
-    machines = json.loads((root / MACHINES).read_text()) if (root / MACHINES).exists() else {}
+    machines = read_machines(root)
     out = []
     for g in groups(scale):
         for seed in seeds:
             for label, cfg, folder in g.folders(root, scale, seed):
                 if not (folder / fk.sweep.SUMMARY).exists():
                     continue
-                summary = json.loads((folder / fk.sweep.SUMMARY).read_text())
-                best_local = float(pd.read_csv(folder / fk.sweep.HISTORY)["local_test_acc"].max())
+                summary, best_local = read_run(folder)
                 name = folder.relative_to(root).as_posix()
                 out.append({"setting": g.setting, "cell": label, "seed": seed, "algorithm": cfg.algorithm,
                             "lr0": summary["lr0"], "best_acc": summary["best_acc"], "best_local_acc": best_local,
@@ -342,6 +396,36 @@ def rows(root: Path, scale: dict, seeds: list[int] = SEEDS) -> pd.DataFrame:
                             "final_acc": summary["final_acc"], "sec_per_round": summary["sec_per_round"],
                             "device": machines.get(name, {}).get("device"), "run": name})
     return pd.DataFrame(out, columns=COLUMNS)
+
+
+SUMMARY_KEYS = ("lr0", "best_acc", "final_acc", "sec_per_round")
+
+
+def read_run(folder: Path) -> tuple[dict, float]:
+    """A finished run's ``summary.json`` and the best local-test accuracy in its ``history.csv``; a one-line
+    :class:`FeddrKitError` naming the file when either is torn or lacks what the table needs (a copy cut short
+    on its way back from a lease, say)."""
+    summary_path, history_path = folder / fk.sweep.SUMMARY, folder / fk.sweep.HISTORY
+    summary = read_json(summary_path, WHO)
+    missing = [k for k in SUMMARY_KEYS if k not in summary] if isinstance(summary, dict) else list(SUMMARY_KEYS)
+    if missing:
+        raise FeddrKitError(f"{WHO}: {summary_path} is not a finished run's summary (no {', '.join(missing)}); "
+                            "copy the run again, or delete its folder to run it again")
+    history = read_csv(history_path, WHO)
+    if "local_test_acc" not in history.columns:
+        raise FeddrKitError(f"{WHO}: {history_path} has no local_test_acc column; copy the run again, or delete its "
+                            "folder to run it again")
+    return summary, float(history["local_test_acc"].max())
+
+
+def read_machines(root: Path) -> dict:
+    """``root/machines.json`` (run folder → the machine it ran on), ``{}`` before the first run finished; a
+    one-line :class:`FeddrKitError` naming it when it is torn."""
+    path = root / MACHINES
+    machines = read_json(path, WHO) if path.exists() else {}
+    if not isinstance(machines, dict):
+        raise FeddrKitError(f"{WHO}: {path} is not a JSON object of run folders; restore it from git or an export")
+    return machines
 
 
 def write_csv(root: Path, scale: dict) -> Path:
@@ -455,30 +539,69 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """One-line :class:`FeddrKitError` for numbers argparse lets through: a NaN budget (every comparison with it
+    is false, so it would plan everything) and seconds per round that are not a positive finite number."""
+    if math.isnan(args.budget):
+        raise FeddrKitError(f"{WHO}: --budget must be a number of seconds (inf for no limit), got nan")
+    if args.sec_per_round is not None and not (math.isfinite(args.sec_per_round) and args.sec_per_round > 0):
+        raise FeddrKitError(f"{WHO}: --sec-per-round must be a finite number of seconds > 0, got {args.sec_per_round}")
+
+
+def doc_path(args: argparse.Namespace, root: Path) -> Path | None:
+    """The page ``--collect-only`` writes: ``--doc``; else, for the repository's own runs, ``docs/paper_scale.md``,
+    and for runs in another ``--root`` that root's own :data:`PAGE` (the repository's page describes the
+    repository's runs, so runs elsewhere never overwrite it); with ``--tiny``, none."""
+    if args.doc:
+        return Path(args.doc)
+    if args.tiny:
+        return None
+    return DOC if root.resolve() == ROOT.resolve() else root / PAGE
+
+
+def collect(args: argparse.Namespace, scale: dict, root: Path) -> None:
+    """``--status`` and ``--collect-only``: the runs finished of those planned, and the CSV and page rewritten."""
+    if args.collect_only and not root.is_dir():
+        raise FeddrKitError(f"{WHO}: --root {root} is not a folder: there are no runs to collect")
+    done, planned = len(rows(root, scale, args.seeds)), sum(len(g.cells) for g in groups(scale)) * len(args.seeds)
+    print(f"paper_scale: {done} of {planned} planned runs finished in {root}")
+    if args.collect_only:
+        print(f"wrote {write_csv(root, scale)}")
+        doc = doc_path(args, root)
+        if doc is not None:
+            print(f"wrote {write_doc(root, scale, doc)}")
+
+
 def main(argv: list[str] | None = None) -> list[Unit]:
-    """Run what fits (or report, or collect); returns the units started."""
+    """Run what fits (or report, or collect); returns the units started. Raises :class:`FeddrKitError` (one line)
+    on bad input or an unreadable run file, and ``KeyboardInterrupt`` on Ctrl-C: :func:`cli` turns them into exit
+    codes."""
     args = parse_args(argv)
+    check_args(args)
     scale = TINY_SCALE if args.tiny else PAPER_SCALE
     root = Path(args.root) if args.root else (TINY_ROOT if args.tiny else ROOT)
-    if args.budget <= 0 and not (args.status or args.collect_only):
-        print("paper_scale: no time left in the budget; nothing started", flush=True)
-        return []
     if args.status or args.collect_only:
-        done, planned = len(rows(root, scale, args.seeds)), sum(len(g.cells) for g in groups(scale)) * len(args.seeds)
-        print(f"paper_scale: {done} of {planned} planned runs finished in {root}")
-        if args.collect_only:
-            print(f"wrote {write_csv(root, scale)}")
-            doc = Path(args.doc) if args.doc else (None if args.tiny else DOC)
-            if doc is not None:
-                print(f"wrote {write_doc(root, scale, doc)}")
+        collect(args, scale, root)
+        return []
+    if args.budget <= 0:
+        print("paper_scale: no time left in the budget; nothing started", flush=True)
         return []
     jobs = args.jobs if jobs_supported() else 1
     if jobs < args.jobs:
         print(f"fk.sweep.run has no jobs= here: planning {args.jobs} side by side as 1", flush=True)
     started = time.monotonic()
+
+    def time_left() -> float:
+        return args.budget - (time.monotonic() - started)
+
     data = fk.data.load(scale["dataset"])
-    units = pending_units(root, scale, args.seeds, estimator(args, scale, data))
-    budget = args.budget - (time.monotonic() - started)  # loading the data and any timed round came out of it
+    try:
+        seconds_of = estimator(args, scale, data, time_left)
+    except OutOfBudget:
+        print(f"{WHO}: the budget ran out while timing a round (no run fits in it); nothing started", flush=True)
+        return []
+    units = pending_units(root, scale, args.seeds, seconds_of)
+    budget = time_left()  # loading the data and any timed round came out of it
     chosen = plan(units, budget, jobs)
     print(f"{sum(len(u.seconds) for u in units)} runs pending; starting {sum(len(u.seconds) for u in chosen)} "
           f"(about {plan_seconds(chosen, jobs):.0f} s of {budget:.0f} s, {jobs} side by side)", flush=True)
@@ -493,5 +616,23 @@ def main(argv: list[str] | None = None) -> list[Unit]:
     return chosen
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """The command line: :func:`main` with ``python -m feddr_kit``'s exit codes and one line instead of a
+    traceback: 0 done, 2 bad input or an unreadable run file, 3 a result file could not be written, 130 Ctrl-C."""
+    try:
+        main(argv)
+    except KeyboardInterrupt:  # fk.sweep.run has released every run's folder on the way out
+        print("interrupted: the finished runs are kept and every run's folder released; the same command continues "
+              "with the runs not finished", file=sys.stderr)
+        return 130
+    except StorageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except FeddrKitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())
