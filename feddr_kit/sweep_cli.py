@@ -5,17 +5,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Mapping
 
 import pandas as pd
 
 from .config import read_mapping
-from .errors import FeddrKitError
+from .errors import FeddrKitError, StorageError
 from .sweep_collect import table
 from .sweep_root import DONE, FAILED, PARTIAL, RUNS, TABLE, UNREADABLE
 from .sweep_run import run_sweep
+from .workers import WorkerLostError
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -52,13 +56,20 @@ def load_grid_file(path: str | Path) -> tuple[dict, dict, list]:
 def main(args: Mapping[str, Any]) -> int:
     """The ``sweep`` subcommand (``args``: the parsed flags as a dict). Prints the table of the finished runs
     and names the others; returns the exit code: 0 when every run finished, 1 when some failed, cannot be
-    read or are held by another run, 2 on bad input."""
+    read, are held by another run, or lost their process (killed, out of memory), 2 on bad input, 3 when a
+    result file could not be written (a full disk; that run stays resumable). SIGTERM is taken as Ctrl-C:
+    ``KeyboardInterrupt``, every run released (the caller says so and returns 130)."""
     try:
         base, grid, seeds = load_grid_file(args["grid"])
         # the --config file under the grid file's base, under the Config flags typed
         base = {**args.get("base_file", {}), **base, **args.get("base_flags", {})}
-        df = run_sweep(base, grid, seeds, args["root"], progress=not args.get("no_progress", False),
-                       retry_failed=args.get("retry_failed", False), jobs=args.get("jobs", 1), threads=args.get("threads"))
+        with _sigterm_as_interrupt():
+            df = run_sweep(base, grid, seeds, args["root"], progress=not args.get("no_progress", False),
+                           retry_failed=args.get("retry_failed", False), jobs=args.get("jobs", 1),
+                           threads=args.get("threads"))
+    except (StorageError, WorkerLostError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3 if isinstance(err, StorageError) else 1
     except FeddrKitError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -79,3 +90,21 @@ def main(args: Mapping[str, Any]) -> int:
     print(f"{len(done)} of {len(df)} runs done; results in {args['root']}/ ({RUNS}: one row per run; {TABLE}: mean and "
           f"95 % t interval over seeds; python -m feddr_kit show {args['root']})")
     return 0 if len(done) == len(df) else 1
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises ``KeyboardInterrupt`` in the block, as Ctrl-C does, so a sweep stopped by a scheduler or
+    ``kill`` releases its runs and ends with its exit code instead of dying mid-write (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt

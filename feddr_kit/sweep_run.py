@@ -19,7 +19,7 @@ from . import rundir, workers
 from .clients import load_data
 from .config import Config
 from .data import ImageData
-from .errors import BusyError, FeddrKitError
+from .errors import BusyError, FeddrKitError, StorageError
 from .federated import run as run_one
 from .rundir import CHECKPOINT, write_json, write_text
 from .sweep_collect import collect, in_grid_order, write_tables
@@ -35,7 +35,9 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
     Finished runs are skipped, interrupted ones resumed (``fk.run(cfg, resume=True)``), missing ones
     run; a folder that holds a different config is an error, raised before anything trains. A run
     that fails with ``FeddrKitError`` or ``FloatingPointError`` leaves ``error.txt`` and the sweep goes
-    on; it is skipped next time unless ``retry_failed``. The dataset is loaded once per distinct
+    on; it is skipped next time unless ``retry_failed``. A result file that cannot be written (a full disk)
+    stops the sweep with :class:`~feddr_kit.errors.StorageError` naming the file; that run is not marked
+    failed, so the same call resumes it once there is room. The dataset is loaded once per distinct
     ``(dataset, data_path)`` (and process), or ``data`` is used for every run. ``callback(row)`` goes to
     every ``fk.run``. Writes ``root/sweep.json``; a root holds one grid: a sweep of another base, or
     varying other fields, is refused naming both grids (:func:`feddr_kit.sweep_root.starting`), while one
@@ -51,10 +53,12 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
     per run; with ``jobs > 1`` it defaults to 1 per run (the runs share the cores; a run on 1 thread gives
     the same numbers on every machine's core count), with ``jobs=1`` to this process's setting. With
     ``jobs > 1`` a ``callback`` runs in the run's process, so it must be a module-level function.
-    Ctrl-C stops every run, keeping its last checkpoint and releasing its folder.
+    Ctrl-C stops every run, keeping its last checkpoint and releasing its folder. A script that calls this
+    with ``jobs > 1`` must do so under ``if __name__ == "__main__":`` (each run's process imports it).
     ``progress``: one bar over the runs, one over the evaluated rounds of each run under way, and a line
     per finished run (bars in a terminal or notebook, lines elsewhere: :mod:`feddr_kit.progress`).
     """
+    workers.exit_if_importing_main(jobs)  # before anything is touched or shown: see its docstring
     configs = expand(base, grid, seeds)
     base_d = base.to_dict() if isinstance(base, Config) else dict(base)
     names = [run_dir_name(c, base_d, grid) for c in configs]
@@ -162,6 +166,8 @@ def _run_point(cfg: Config, name: str, folder: Path, retry_failed: bool, dataset
     try:
         result = run_one(cfg.replace(out_dir=str(folder), progress=False), resume=resume, claim=False,
                          data=datasets(cfg), callback=callback)
+    except StorageError:  # not the run's fault: left unmarked, so the next sweep resumes it once there is room
+        raise
     except (FeddrKitError, FloatingPointError) as err:
         write_text(folder / ERROR, f"{type(err).__name__}: {err}\n")
         return f"{name}: failed ({type(err).__name__}: {err})"

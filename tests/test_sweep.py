@@ -258,6 +258,15 @@ def _live_processes(group: int) -> list[int]:
     return live
 
 
+def _left_after(group: int, seconds: float) -> list[int]:
+    """The processes of ``group`` still running ``seconds`` from now at the latest (none, as soon as all end).
+    multiprocessing's resource tracker, in the sweep's group, exits only once it sees the sweep gone."""
+    deadline = time.monotonic() + seconds
+    while _live_processes(group) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _live_processes(group)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
 @pytest.mark.parametrize("how", ["SIGINT to the sweep alone", "SIGINT to every process", "SIGKILL to every process"])
 def test_an_interrupted_or_killed_jobs_sweep_stops_every_run_and_resumes_exactly(tmp_path, uninterrupted, how):
@@ -279,7 +288,7 @@ def test_an_interrupted_or_killed_jobs_sweep_stops_every_run_and_resumes_exactly
         os.killpg(sweep_process.pid, signum)
     out, err = sweep_process.communicate(timeout=600)
     assert len(under_way) == 2, (out, err)
-    assert not _live_processes(sweep_process.pid)  # every run's process stopped with the sweep
+    assert not _left_after(sweep_process.pid, 10)  # every run's process stopped with the sweep
     if signum == signal.SIGINT:
         assert sweep_process.returncode == 130, err
         assert "interrupted: the last checkpoint is kept" in err and "Traceback" not in err, err
