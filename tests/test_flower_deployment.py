@@ -22,6 +22,7 @@ pytest.importorskip("flwr")
 
 import feddr_kit as fk  # noqa: E402
 from feddr_kit import flower_run  # noqa: E402
+from test_hardening_round4 import end_tree, guard  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode: this environment's
@@ -34,7 +35,8 @@ TIMEOUT = 1200  # seconds `flwr run` may take: every Flower process and ClientAp
 @pytest.fixture
 def spawn(tmp_path):
     """``spawn(name, *cmd)`` starts ``cmd`` in a session of its own, with its own FLWR_HOME and its output in
-    ``tmp_path/NAME.log``; every process started is stopped, with what it started, at teardown."""
+    ``tmp_path/NAME.log``; every process started is stopped, with what it started, at teardown, and by a watchdog
+    when this process is killed before (at CI's time limit, where no teardown runs)."""
     started = []
 
     def start(name: str, *cmd: str) -> subprocess.Popen:
@@ -43,13 +45,16 @@ def spawn(tmp_path):
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         log = open(tmp_path / f"{name}.log", "w")
         proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        started.append((proc, log))
+        started.append((proc, log, guard(proc)))
         return proc
 
     yield start
-    for proc, log in reversed(started):
-        flower_run.stop_tree(proc)
-        log.close()
+    for proc, log, watchdog in reversed(started):
+        try:
+            flower_run.stop_tree(proc)  # SIGTERM first: each stops what it started
+        finally:
+            end_tree(proc, watchdog)  # then whatever is left, and the watchdog
+            log.close()
 
 
 def logs(folder: Path, chars: int = 3000) -> str:

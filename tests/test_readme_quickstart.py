@@ -9,9 +9,7 @@ command, papermill included, runs verbatim.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +18,7 @@ import nbformat
 import pytest
 
 from chapter_cells import cifar10_available
+from test_hardening_round4 import end_tree, guard
 
 REPO = Path(__file__).resolve().parents[1]
 INSTALL = ("python3 -m venv .venv", ".venv/bin/pip install -q -r requirements.txt")
@@ -68,15 +67,15 @@ def test_command_1_runs_verbatim_from_the_root_of_a_fresh_copy(tmp_path):
     assert not (clone / ".venv").exists() and (clone / "results").is_dir()
     assert (Path(sys.prefix) / "bin" / "papermill").is_file(), f"papermill is not installed in {sys.prefix}"
     (clone / ".venv").symlink_to(sys.prefix, target_is_directory=True)
-    # a session of its own, so a timeout stops every step of the command (the kernel stops itself when papermill goes)
+    # a session of its own, ended with papermill's kernel (a session of its own too) when the test ends, however
+    # it ends: a timeout, a failure, or this process killed at CI's time limit (then by the watchdog)
     proc = subprocess.Popen(["bash", "-c", after_install(readme_command_1())], cwd=clone, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    watchdog = guard(proc)
     try:
         _, stderr = proc.communicate(timeout=3600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+    finally:
+        end_tree(proc, watchdog)
     assert proc.returncode == 0, stderr[-4000:]
     results = json.loads((clone / "runs" / "quickstart" / "results.json").read_text())
     assert {"feddr+", "fedavg"} <= set(results["results"]), results
