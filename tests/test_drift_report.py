@@ -110,6 +110,10 @@ def test_budget_needs_are_runs_left_times_rounds_times_each_methods_idle_pace(re
     assert "took 3.0" in text and "That fits the budget" in text  # 3 h spent + 9.1 h needed (2 processes) < 25 h
     over = report.budget_text(table.assign(total_seconds=6 * 3600.0 * report.PROBE.PROCESSES), grid_left)
     assert "more than the budget holds" in over and report.cell_label(*report.PROBE.CELLS[-1]) in over  # 18 + 9.1 > 25
+    # a finished grid run of the cell is not a verdict run: the verdict runs left stay six
+    grid_run = table.head(1).assign(role="grid", seed=0, lr=0.5)
+    with_grid = report.budget_table(pd.concat([table, grid_run]), grid_left).set_index("cell")
+    assert with_grid.loc[report.cell_label("cnn_nobn", 5), "verdict runs left"] == 6
     # the runs finished before the amendment are not counted against the amended budget
     before = table.assign(lr=0.03, seed=0, role="grid", method="fedavg", total_seconds=50 * 3600.0)
     assert report.spent_hours(before.head(1)) == 0.0
