@@ -304,12 +304,21 @@ def run_item(item: Item, data) -> None:
     defaults = fk.Config().to_dict()
     base = {k: v for k, v in item.config().to_dict().items() if k != "seed" and v != defaults.get(k)}
     fk.sweep.run(base, {}, [item.seed], item.root, data=data, progress=False)
-    if (item.folder / "summary.json").exists():  # a finished run's checkpoint is not carried (it is committed while running)
-        (item.folder / fk.rundir.CHECKPOINT).unlink(missing_ok=True)
+    drop_finished_checkpoints([item])
+
+
+def drop_finished_checkpoints(items: list[Item]) -> None:
+    """Delete the checkpoints of the finished runs among ``items`` (a summary, or a divergence's error.txt): a
+    checkpoint is carried (committed) only while its run is unfinished. A run paused just after its last
+    checkpoint may have written its summary before it stopped, so the probe also looks again at its start."""
+    for it in items:
+        if finished(it):
+            (it.folder / fk.rundir.CHECKPOINT).unlink(missing_ok=True)
 
 
 def work(data, wait: float = 60.0) -> None:
     """Run the plan until every run has finished, sharing it with other processes through the locks."""
+    drop_finished_checkpoints(plan()[0])
     while True:
         items, undecided = plan()
         todo = [it for it in items if not finished(it)]
@@ -413,7 +422,12 @@ def pause(poll: float = 0.2, timeout: float = 3600.0) -> str:
     running = probes_running()
     if not running:
         raise SystemExit(f"drift_probe: no running probe (nothing alive in {ROOT / RUNNING})")
-    stamp = lambda folder: (folder / fk.rundir.CHECKPOINT).stat().st_mtime_ns if (folder / fk.rundir.CHECKPOINT).exists() else None
+    def stamp(folder: Path) -> int | None:  # the checkpoint's time; None once a finished run's is deleted
+        try:
+            return (folder / fk.rundir.CHECKPOINT).stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+
     seen = {pid: stamp(folder) for pid, folder in running.items() if folder is not None}
     lines, deadline = [], time.time() + timeout
     for pid, folder in running.items():
@@ -425,8 +439,11 @@ def pause(poll: float = 0.2, timeout: float = 3600.0) -> str:
             os.kill(pid, signal.SIGSTOP)
             del seen[pid]
             folder = running[pid]
-            done = torch.load(folder / fk.rundir.CHECKPOINT, weights_only=False, map_location="cpu")["next_round"]
-            lines.append(f"paused probe process {pid} just after its checkpoint at round {done} of {folder}")
+            try:
+                done = torch.load(folder / fk.rundir.CHECKPOINT, weights_only=False, map_location="cpu")["next_round"]
+                lines.append(f"paused probe process {pid} just after its checkpoint at round {done} of {folder}")
+            except FileNotFoundError:  # the run's last checkpoint came, and the run finished before the stop
+                lines.append(f"paused probe process {pid} just after it finished its run in {folder}")
         if seen and time.time() > deadline:
             raise SystemExit(f"drift_probe: no new checkpoint within {timeout:.0f} s in "
                              f"{', '.join(str(running[pid]) for pid in seen)}; those processes go on")
