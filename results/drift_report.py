@@ -238,12 +238,13 @@ def timing_table(path: Path = TIMING) -> pd.DataFrame:
 
 
 def spent_hours(table: pd.DataFrame) -> float:
-    """Machine-hours the runs finished after the amendment took: their recorded wall seconds over the
-    :data:`PROBE.PROCESSES` probe processes that share the machine, each on one core."""
+    """Machine-hours the runs finished after the amendment took: each run's median seconds per round times its
+    rounds (a run paused with ``--pause`` may count the pause in one round's wall time, which the median leaves
+    out), over the :data:`PROBE.PROCESSES` probe processes that share the machine, each on one core."""
     done = table[table["status"] == "done"]
     keys = zip(done["model"], done["local_epochs"], done["method"], done["lr"], done["seed"])
     after = [k not in PROBE.BEFORE_AMENDMENT for k in keys]
-    return float(done.loc[after, "total_seconds"].sum()) / 3600 / PROBE.PROCESSES
+    return float(done.loc[after, "sec_per_round"].sum()) * PROBE.BASE["rounds"] / 3600 / PROBE.PROCESSES
 
 
 def budget_table(table: pd.DataFrame, grid_left: dict[tuple[str, int, str], int] | None = None) -> pd.DataFrame:

@@ -93,7 +93,8 @@ def test_missing_seeds_are_untestable_and_the_report_says_so(report, tmp_path):
 def test_budget_needs_are_runs_left_times_rounds_times_each_methods_idle_pace(report, monkeypatch):
     table = made_up_table(report, {})
     cell = (table["model"] == "cnn_nobn") & (table["local_epochs"] == 5)
-    table = table[cell & (table["seed"] == 1)].assign(sec_per_round=99.0, total_seconds=3600.0 * report.PROBE.PROCESSES)  # 3 h
+    table = table[cell & (table["seed"] == 1)].assign(sec_per_round=3600.0 * report.PROBE.PROCESSES / report.PROBE.BASE["rounds"],
+                                                        total_seconds=99.0)  # 3 runs, 3 h of the machine
     pace = {(m, e, meth): s for m, e in report.PROBE.CELLS for meth, s in (("fedavg", 20.0), ("feddr+", 30.0))}
     monkeypatch.setattr(report, "idle_pace", lambda: {**pace, **{(m, e, "control"): 20.0 for m, e in report.PROBE.CELLS}})
     grid_left = {("cnn_nobn", 5, "fedavg"): 1, ("cnn_nobn", 5, "feddr+"): 1}
@@ -108,14 +109,14 @@ def test_budget_needs_are_runs_left_times_rounds_times_each_methods_idle_pace(re
     assert other["machine-hours left, at least"].tolist() == pytest.approx([rounds * 3 * 70 / 3600 / report.PROBE.PROCESSES] * 3)
     text = report.budget_text(table, grid_left)
     assert "took 3.0" in text and "That fits the budget" in text  # 3 h spent + 9.1 h needed (2 processes) < 25 h
-    over = report.budget_text(table.assign(total_seconds=6 * 3600.0 * report.PROBE.PROCESSES), grid_left)
+    over = report.budget_text(table.assign(sec_per_round=6 * table["sec_per_round"]), grid_left)
     assert "more than the budget holds" in over and report.cell_label(*report.PROBE.CELLS[-1]) in over  # 18 + 9.1 > 25
     # a finished grid run of the cell is not a verdict run: the verdict runs left stay six
     grid_run = table.head(1).assign(role="grid", seed=0, lr=0.5)
     with_grid = report.budget_table(pd.concat([table, grid_run]), grid_left).set_index("cell")
     assert with_grid.loc[report.cell_label("cnn_nobn", 5), "verdict runs left"] == 6
     # the runs finished before the amendment are not counted against the amended budget
-    before = table.assign(lr=0.03, seed=0, role="grid", method="fedavg", total_seconds=50 * 3600.0)
+    before = table.assign(lr=0.03, seed=0, role="grid", method="fedavg", sec_per_round=50 * 3600.0)
     assert report.spent_hours(before.head(1)) == 0.0
 
 
