@@ -3,7 +3,7 @@
 A comparison is a claim only with its interval and a margin::
 
     d = fk.stats.difference(acc_feddr, acc_dr, paired=True)       # same seeds: paired t
-    fk.stats.verdict(d, expected="greater", margin=0.005)         # "held" | "tie (within the interval)" | ...
+    fk.stats.verdict(d, expected="greater", margin=0.005)         # "held" | "tie (zero inside the interval)" | ...
 
 The verdicts, for a claim "the difference is ``expected`` (greater / less than 0)" and a margin
 ``m ≥ 0`` (the smallest difference that counts). Read the interval ``[low, high]`` from the claim's
@@ -12,20 +12,23 @@ side: for "less", negate it, so that "in the claim's direction" is always "posit
 - **held**: the whole interval lies beyond ``+m`` in the claim's direction (``low > m``);
 - **did not hold**: the whole interval lies beyond ``m`` on the other side (``high < -m``): the
   opposite effect is established, and it is at least as large as the margin;
-- **tie, below the margin, against the claim**: the interval lies wholly on the other side of zero
-  but reaches into the margin (``-m <= high < 0``). The difference goes against the claim, and that is
-  established, but it is not shown to be as large as the margin. It is told apart from a plain tie
-  because a reader who sees only "tie" takes it for "no difference", when the data point the other way;
-- **tie, below the margin, in the claim's direction**: the mirror case (``0 < low <= m``): the
+- **against the claim (not shown beyond the margin)**: the interval lies wholly on the other side of
+  zero but reaches into the margin (``-m <= high < 0``). The difference goes against the claim, and that
+  is established, but it is not shown to be as large as the margin. The label names the direction and
+  says nothing of the size, because the interval need not be small (``[-8.1, -0.3]`` pp against a 0.5 pp
+  margin): called a tie, or "below the margin", it would read as "no difference" or "a small one", when
+  the data point the other way and only a size beyond the margin is not shown;
+- **in the claim's direction (not shown beyond the margin)**: the mirror case (``0 < low <= m``): the
   difference goes the claimed way, established, but is not shown to exceed the margin;
-- **tie (within the interval)**: the interval contains zero (``low <= 0 <= high``): not even the
+- **tie (zero inside the interval)**: the interval contains zero (``low <= 0 <= high``): not even the
   sign is known;
 - **untestable here**: fewer than 2 values, a NaN anywhere, or the caller says the quantity is
   constant by construction (``testable=False``).
 
-The three ties are all "no finding at this margin": :data:`TIES` holds them and :func:`is_tie` asks.
-With ``m = 0`` the two one-sided ties cannot occur (an interval clear of zero is beyond the margin),
-and an interval that touches zero (``low == 0``) has not excluded it: a plain tie.
+The two one-sided verdicts and the tie are all "no finding at this margin" (in the code, the three
+ties: ``TIE_AGAINST``, ``TIE_TOWARD``, ``TIE``): :data:`TIES` holds them and :func:`is_tie` asks. With
+``m = 0`` the one-sided ones cannot occur (an interval clear of zero is beyond the margin), and an
+interval that touches zero (``low == 0``) has not excluded it: a tie.
 
 The rule is symmetric: swapping ``a`` and ``b`` and the expected direction gives the same verdict.
 """
@@ -49,9 +52,10 @@ def _scipy_stats():
     return stats
 
 
-HELD, TIE, NOT_HELD, UNTESTABLE = "held", "tie (within the interval)", "did not hold", "untestable here"
-TIE_TOWARD = "tie, below the margin, in the claim's direction"
-TIE_AGAINST = "tie, below the margin, against the claim"
+HELD, TIE, NOT_HELD, UNTESTABLE = "held", "tie (zero inside the interval)", "did not hold", "untestable here"
+# the one-sided ties: the sign is established, the size is not; the words put the direction first
+TIE_TOWARD = "in the claim's direction (not shown beyond the margin)"
+TIE_AGAINST = "against the claim (not shown beyond the margin)"
 # every verdict, from the claim's side over to the other side, then the untestable
 VERDICTS = (HELD, TIE_TOWARD, TIE, TIE_AGAINST, NOT_HELD, UNTESTABLE)
 TIES = (TIE_TOWARD, TIE, TIE_AGAINST)  # no finding at the margin
@@ -201,7 +205,7 @@ def verdict(diff: Interval, expected: str = "greater", margin: float = 0.0, test
 
     ``diff``: an :class:`Interval` of a difference (from :func:`difference`, or :func:`interval` /
     :func:`bootstrap_interval` of per-seed or per-client differences). Returns one of
-    :data:`VERDICTS`; the rule, and what each of the three ties means, is in this module's docstring.
+    :data:`VERDICTS`; the rule, and what each of the three ties (:data:`TIES`) means, is in this module's docstring.
     ``testable=False`` marks a quantity that cannot differ by construction (e.g. both sides are the same
     model).
     """
@@ -287,8 +291,8 @@ def claims_table(claims: Iterable[Claim]) -> pd.DataFrame:
 
 def digest(table: pd.DataFrame) -> str:
     """A Markdown summary of a :func:`claims_table`: one bullet per verdict, the decided ones first (held,
-    did not hold), then the ties (against the claim first: they are the easiest to misread as "no
-    difference"; then in the claim's direction; then the plain ones) and the untestable, each with one
+    did not hold), then the three ties (against the claim first: they are the easiest to misread as "no
+    difference"; then in the claim's direction; then zero inside the interval) and the untestable, each with one
     sub-bullet per claim giving its ``value ± interval`` and setting. What a chapter's "what the table
     says" paragraph quotes, computed so that it always matches the table. Returns the Markdown text."""
     order = [HELD, NOT_HELD, TIE_AGAINST, TIE_TOWARD, TIE, UNTESTABLE]

@@ -417,23 +417,13 @@ def scorecard(tables: dict[str, pd.DataFrame], scale: pd.DataFrame | None = None
     return number(rows)
 
 
-def label(verdict: str) -> str:
-    """A verdict in the scorecard's words: the chapters' ties said by where zero and the margin lie (the
-    chapters print ``fk.stats``'s labels; the page says which is which)."""
-    import feddr_kit as fk
-
-    return {fk.stats.TIE_AGAINST: "against the claim (not shown beyond the margin)",
-            fk.stats.TIE_TOWARD: "in the claim's direction (not shown beyond the margin)",
-            fk.stats.TIE: "tie (zero inside the interval)"}.get(verdict, verdict)
-
-
 def _counts(rows: pd.DataFrame) -> str:
     """"3 held, 1 did not hold, …" over ``rows``, in the page's order of verdicts."""
     import feddr_kit as fk
 
     order = [fk.stats.HELD, fk.stats.NOT_HELD, fk.stats.TIE_AGAINST, fk.stats.TIE_TOWARD, fk.stats.TIE, fk.stats.UNTESTABLE]
     counts = rows["verdict"].value_counts()
-    return ", ".join(f"{counts[v]} {label(v)}" for v in order if v in counts) or "none"
+    return ", ".join(f"{counts[v]} {v}" for v in order if v in counts) or "none"
 
 
 def summary(rows: pd.DataFrame) -> str:
@@ -459,8 +449,8 @@ def summary(rows: pd.DataFrame) -> str:
     text += f". Of the {len(distinct)}, {len(paper)} test the paper's claims ({_counts(paper)})"
     text += f" and {len(own)} the course's own test{'s' * (len(own) != 1)} ({_counts(own)})." if len(own) else "."
     if len(ties):
-        text += (f" {len(ties)} of the paper's ties sit on intervals wider than the paper's own effect: had the effect "
-                 "been the paper's, those rows would have tied too.")
+        text += (f" {len(ties)} of the paper's comparisons without a finding at the margin sit on intervals wider than "
+                 "the paper's own effect: had the effect been the paper's, those rows would have found nothing either.")
     if len(chance):
         text += f" {len(chance)} held over a baseline that has not learned, which says only that the other side learns."
     return text
@@ -476,13 +466,12 @@ INTRO = [
     "scale only: it says whether the claim's effect shows here, not whether the paper is right at its scale, "
     "which is what the last column is for. Rows a chapter credits to the paper for a claim the paper does not "
     "make are kept as the course's own tests, labelled so and counted apart.",
-    "How to read a verdict (`fk.stats.verdict`; the chapters print the same verdicts in `fk.stats`'s words, "
-    "given here in brackets): **held** and **did not hold** mean the whole 95 % interval lies beyond the "
-    "margin, on the claim's side or on the other; **against the claim (not shown beyond the margin)** "
-    "(*tie, below the margin, against the claim*) means the difference goes the other way (the interval "
-    "excludes zero) without being shown as large as the margin, and its mirror, **in the claim's direction "
-    "(not shown beyond the margin)** (*tie, below the margin, in the claim's direction*), the claimed way; "
-    "**tie (zero inside the interval)** (*tie (within the interval)*) means not even the sign is known.",
+    "How to read a verdict (`fk.stats.verdict`, in the words the chapters print): **held** and **did not "
+    "hold** mean the whole 95 % interval lies beyond the margin, on the claim's side or on the other; "
+    "**against the claim (not shown beyond the margin)** means the difference goes the other way (the "
+    "interval excludes zero) without being shown as large as the margin, and its mirror, **in the claim's "
+    "direction (not shown beyond the margin)**, the claimed way; **tie (zero inside the interval)** means "
+    "not even the sign is known. None of these last three is a finding at the margin.",
     "How to read the columns. **#** numbers the distinct comparisons: a row that repeats another keeps its "
     "line but takes the other's number, with the reason. **source** is \"paper\" only where the paper states "
     "the claim; a row a chapter tests beside the paper's claims, such as the β-scaled control (DR at its lr "
@@ -501,7 +490,7 @@ def _cells(r: dict) -> list[str]:
     """One table row's cells, in ``TABLE``'s order."""
     first = str(r["#"]) if not r["folded"] else f"= {r['#']} ({r['folded']})"
     cells = [first, r["chapter"][:2], r["claim"], r["source"], r["setting"], r["seeds"], r["value ± interval"],
-             r["margin"], label(r["verdict"]), r["baseline"], r["detectable"], r["paper"], r["paper scale"]]
+             r["margin"], r["verdict"], r["baseline"], r["detectable"], r["paper"], r["paper scale"]]
     return [str(c).replace("|", "\\|") for c in cells]
 
 

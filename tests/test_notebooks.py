@@ -329,7 +329,7 @@ def test_paired_and_paired_claim_against_a_hand_computed_t_interval():
     import pandas as pd
     from scipy import stats as st
 
-    from feddr_kit import teaching
+    from feddr_kit import stats, teaching
 
     table = pd.DataFrame({"run": ["A"] * 3 + ["B"] * 3, "seed": [0, 1, 2, 2, 1, 0],
                           "x": [1.0, 2.0, 3.0, 2.0, 1.5, 0.5], "zero": 0.0})
@@ -337,11 +337,11 @@ def test_paired_and_paired_claim_against_a_hand_computed_t_interval():
     half = st.t.ppf(0.975, 2) * math.sqrt(((0.5 - 2 / 3) ** 2 * 2 + (1 / 3) ** 2) / 2) / math.sqrt(3)
     assert d.n == 3 and d.mean == pytest.approx(2 / 3) and d.low == pytest.approx(2 / 3 - half)
     c = teaching.paired_claim("A above B", "paper", "toy", table, "x", "A", "B", "greater", margin=0.0)
-    assert c.verdict == "tie (within the interval)" and c.row()["seeds"] == "seeds 0, 1, 2"  # 2/3 - 0.717 < 0
+    assert c.verdict == stats.TIE and c.row()["seeds"] == "seeds 0, 1, 2"  # 2/3 - 0.717 < 0
     c = teaching.paired_claim("A above B", "paper", "toy", table, "x", "B", "A", "greater")
-    assert c.verdict == "tie (within the interval)"
+    assert c.verdict == stats.TIE
     pinned = teaching.paired_claim("A's zero below B's", "chapter hypothesis", "toy", table, "zero", "A", "B", "less")
-    assert pinned.verdict == "untestable here"
+    assert pinned.verdict == stats.UNTESTABLE
     clients = table.rename(columns={"seed": "client"})
     boot = teaching.paired(clients, "x", "A", "B", by="client")
     assert boot.method.startswith("bootstrap") and boot.low <= 2 / 3 <= boot.high

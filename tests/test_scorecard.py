@@ -223,7 +223,8 @@ def test_detectable_effect_is_the_interval_half_width(tmp_path):
     assert boot.format(".1f", 100, " pp", sign=True) == "+51.1 [48.0, 54.0] pp"
     assert sc.detectable("+51.1 [48.0, 54.0] pp", "none") == f"{100 * boot.half_width:.1f} pp"
     assert sc.detectable("-0.068 ± 0.013", "none: a figure") == "0.013" and sc.detectable("0.1 (n=1)", "none") == "—"
-    assert "1 of the paper's ties sit on intervals wider than the paper's own effect" in sc.markdown(rows)
+    assert "1 of the paper's comparisons without a finding at the margin sit on intervals wider than the paper's own effect" \
+        in sc.markdown(rows)
 
 
 def test_baseline_check_comes_along(tmp_path):

@@ -89,6 +89,17 @@ def test_one_sided_ties_at_their_boundaries():
     assert set(stats.TIES) < set(stats.VERDICTS) and len(set(stats.VERDICTS)) == len(stats.VERDICTS) == 6
 
 
+def test_labels_say_where_zero_and_the_margin_lie():
+    """What a reader sees is the label alone, so it says what the rule found: a one-sided verdict names its
+    direction and that the margin was not shown (an interval such as [-8.1, -0.3] pp is not "small", and not
+    "no difference"), and the tie says that zero lies inside the interval."""
+    assert TIE == "tie (zero inside the interval)"
+    assert TIE_AGAINST == "against the claim (not shown beyond the margin)"
+    assert TIE_TOWARD == "in the claim's direction (not shown beyond the margin)"
+    for v in (TIE_AGAINST, TIE_TOWARD):
+        assert "tie" not in v and "below the margin" not in v
+
+
 @settings(max_examples=200, deadline=None)
 @given(finite, st.floats(0, 100), st.floats(0, 5), st.sampled_from(["greater", "less"]))
 def test_without_a_margin_no_one_sided_tie(centre, width, margin, expected):
@@ -215,8 +226,7 @@ def test_digest_leads_with_decided_verdicts_and_quotes_every_claim():
             Claim("a loss", "paper", "s", interval([-1.0, -1.1, -1.2]), "greater", 0.1)]
     text = digest(claims_table(rows))
     heads = [line for line in text.splitlines() if line.startswith("* ")]
-    assert [line.split("**")[1] for line in heads] == ["held", "did not hold", "tie, below the margin, against the claim",
-                                                       "tie (within the interval)"]
+    assert [line.split("**")[1] for line in heads] == [HELD, NOT_HELD, TIE_AGAINST, TIE]
     lines = text.splitlines()
     assert "(1 of 4)" in lines[0] and lines[1].startswith("  * a win: +1.100") and lines[5].startswith("  * a small loss: ")
     assert lines[7].startswith("  * a tie: ")
