@@ -82,6 +82,13 @@ def build_run(cfg: Config, device: torch.device, data: ImageData | None = None,
     data, part = data_and_partition(cfg, device, data, partition)
     algo, model = build_algorithm(cfg, data, device)
     teacher = build_teacher(cfg.model, data.num_classes, algo, device)
+    if cfg.channels_last and engine == "serial":
+        # Laid out here, once, before anything holds views of the weights: converting swaps each parameter's
+        # storage, so a state_dict taken earlier (the round's live views of the local state) would go stale.
+        # On the CPU the channels-last convolution and max-pooling kernels are the fast ones
+        # (benchmarks/cpu_step.py); the batched engine lays out its own stacks.
+        model.to(memory_format=torch.channels_last)
+        teacher.to(memory_format=torch.channels_last)
     initial_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return Run(cfg, device, engine, data, part, algo, model, teacher, algo.lr0, initial_state,
                Clients.of(data, part, device))

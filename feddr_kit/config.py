@@ -93,7 +93,7 @@ class Config:
     deterministic: bool = field(default=True, metadata={"help": "deterministic kernels: same seed, same history, on CUDA too (False: faster nondeterministic kernels)"})
     precision: str = field(default="fp32", metadata={"help": "fp32 | bf16: bf16 copies of the fp32 weights for forward/backward (batched engine only)"})
     tf32: bool = field(default=True, metadata={"help": "CUDA: let float32 matmuls and convolutions run on TF32 tensor cores (10-bit mantissa); ignored on CPU, which has none"})
-    channels_last: bool = field(default=False, metadata={"help": "batched engine: lay out the images and the stacked conv weights channels-last (NHWC); the same arithmetic in another memory order"})
+    channels_last: bool = field(default=False, metadata={"help": "lay out the images and the conv weights channels-last (NHWC), both engines: the same arithmetic in another memory order and summation order; on the CPU the faster layout"})
     fused_sgd: bool = field(default=False, metadata={"help": "batched engine: one fused SGD kernel over the stacked parameters at the steps where every client trains (else foreach ops)"})
     out_dir: str | None = field(default=None, metadata={"help": "folder for config.json, history.csv, summary.json, checkpoint.pt, owned by one run at a time; left out: nothing is saved"})
     overwrite: bool = field(default=False, metadata={"help": "let a fresh run replace the results already in out_dir (without it, such a run is refused)"})

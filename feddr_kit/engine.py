@@ -117,12 +117,19 @@ def _load(model: Net, state: dict[str, torch.Tensor]) -> None:
     torch._foreach_copy_(list(local.values()), [state[n] for n in local])
 
 
+def _laid_out_channels_last(model: Net) -> bool:
+    """True when every 4-d parameter of ``model`` (its conv weights) is stored channels-last."""
+    return all(p.is_contiguous(memory_format=torch.channels_last) for p in model.parameters() if p.dim() == 4)
+
+
 def _serial(model, teacher, algo, data, client_idx, ctxs, cfg, device) -> Iterator[float]:
     if cfg.precision != "fp32":
         raise FeddrKitError(f"precision={cfg.precision!r} needs engine='batched' (the serial engine runs in fp32)")
-    for option in ("channels_last", "fused_sgd"):
-        if getattr(cfg, option):
-            raise FeddrKitError(f"{option}=True needs engine='batched' (it lays out or steps the batched engine's stacks)")
+    if cfg.fused_sgd:
+        raise FeddrKitError("fused_sgd=True needs engine='batched' (it steps the batched engine's stacks)")
+    if cfg.channels_last and not _laid_out_channels_last(model):
+        raise FeddrKitError("channels_last=True with the serial engine needs the model laid out channels-last "
+                            "before the round (feddr_kit.build.build_run does it)")
     for idx, ctx in zip(client_idx, ctxs):
         _load(model, ctx.global_state)
         yield local.train_client(model, teacher, algo, data, idx, ctx, cfg, device)  # looked up at each call: a spy put on the module sees every client

@@ -237,7 +237,8 @@ def train_client(model: Net, teacher: Net | None, algo: Algorithm, data: ImageDa
     momentum and weight decay, over the parameters that require grad (frozen ones never reach the
     optimizer). Runs the algorithm's ``client_start``, then :func:`local_step` on each batch. ``gen``:
     the generator of batches and augmentation, default the client's own for ``(cfg.seed, ctx.round,
-    ctx.client)``. ``teacher`` holds the round's global model when the algorithm needs one. Returns
+    ctx.client)``. ``teacher`` holds the round's global model when the algorithm needs one. With
+    ``cfg.channels_last`` the batches are laid out channels-last (the model's weights already are). Returns
     the mean local loss; raises :class:`feddr_kit.errors.DivergedError` when it is not finite.
     """
     model.train()
@@ -247,8 +248,10 @@ def train_client(model: Net, teacher: Net | None, algo: Algorithm, data: ImageDa
         gen = client_generator(cfg.seed, ctx.round, ctx.client, device)
     algo.client_start(model, ctx)
     total, steps = torch.zeros((), device=device), 0
+    layout = torch.channels_last if cfg.channels_last else torch.contiguous_format
     for batch_idx in local_batches(idx, cfg, ctx.num_steps, gen):
-        total += local_step(model, teacher, algo, opt, data.train_batch(batch_idx, gen), data.train_y[batch_idx], ctx)
+        x = data.train_batch(batch_idx, gen).contiguous(memory_format=layout)
+        total += local_step(model, teacher, algo, opt, x, data.train_y[batch_idx], ctx)
         steps += 1
     mean_loss = float(total) / max(steps, 1)
     check_local_loss(mean_loss, ctx)

@@ -313,10 +313,37 @@ def test_bf16_needs_the_batched_engine(data):
         fk.run(fk.Config(**{**BASE, "rounds": 1}), data=data, engine="serial", precision="bf16")
 
 
-@pytest.mark.parametrize("option", ["channels_last", "fused_sgd"])
-def test_batched_options_need_the_batched_engine(data, option):
-    with pytest.raises(FeddrKitError, match=f"{option}=True needs engine='batched'"):
-        fk.run(fk.Config(**{**BASE, "rounds": 1}), data=data, engine="serial", **{option: True})
+def test_fused_sgd_needs_the_batched_engine(data):
+    with pytest.raises(FeddrKitError, match="fused_sgd=True needs engine='batched'"):
+        fk.run(fk.Config(**{**BASE, "rounds": 1}), data=data, engine="serial", fused_sgd=True)
+
+
+@pytest.mark.parametrize("model,algorithm", [("cnn", "feddr+"), ("cnn", "scaffold"), ("cnn_nobn", "fedavg"),
+                                             ("cnn_bn", "feddr+")])
+def test_serial_channels_last_is_the_same_arithmetic(data, model, algorithm, monkeypatch, float64):
+    """The serial engine laid out channels-last against its default layout, one round in float64 to 1e-9: only the
+    order of the convolutions' sums differs. (In float32 that reassociation, ~1e-7 a step, grows to ~5e-4 in the
+    weights over this round's steps at lr 0.05, so float32 could not tell it from a wrong gradient.) A spy on the local step sees the layout
+    really change: channels-last images reach the model, whose conv weights (and the FedDr+ teacher's) are
+    channels-last; the default run sees neither."""
+    seen = []
+
+    def spy(model, teacher, algo, opt, x, y, ctx, _step=fk.local.local_step):
+        conv = [p for p in model.parameters() if p.dim() == 4]
+        nets = [model] + ([teacher] if algo.needs_teacher else [])
+        seen.append(x.is_contiguous(memory_format=torch.channels_last) and all(
+            p.is_contiguous(memory_format=torch.channels_last) for net in nets for p in net.parameters() if p.dim() == 4)
+            and bool(conv))
+        return _step(model, teacher, algo, opt, x, y, ctx)
+
+    monkeypatch.setattr(fk.local, "local_step", spy)
+    cfg = fk.Config(**{**BASE, "model": model, "algorithm": algorithm, "rounds": 1})
+    plain = fk.run(cfg, data=data, engine="serial")
+    assert seen and not any(seen)
+    seen.clear()
+    laid_out = fk.run(cfg, data=data, engine="serial", channels_last=True)
+    assert seen and all(seen)
+    assert_same_round(plain, laid_out, tol=1e-9)
 
 
 @pytest.mark.parametrize("tf32", [True, False])
