@@ -1,6 +1,6 @@
 """Command line: ``python -m feddr_kit run [--config FILE] [--field value ...]`` with every ``Config``
 field as a flag, ``sweep --grid grid.yaml --root DIR`` for a grid of runs (:mod:`feddr_kit.sweep`),
-``flower`` for one run under Flower (:mod:`feddr_kit.flower_run`), ``show PATH`` for a run's or a sweep's
+``flower`` for one run under Flower (:mod:`feddr_kit.flower`), ``show PATH`` for a run's or a sweep's
 results (:mod:`feddr_kit.show`), ``export RUN_DIR --to model.pt`` (:mod:`feddr_kit.export`) and
 ``personalize --run RUN_DIR`` (:mod:`feddr_kit.personalize`).
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .config import Config, is_none_word, read_file, read_mapping
 from .errors import DivergedError, FeddrKitError, StorageError
-from .flower_run import UNSUPPORTED
+from .flower import UNSUPPORTED
 from .personalize import METHODS
 
 # Fields a sweep sets itself (each run's folder and seed) or keeps off in its runs (their own progress).
@@ -287,10 +287,10 @@ def dispatch(args: dict, typed: dict) -> int:
 
 
 def flower_main(cfg: Config, args: dict) -> int:
-    """``python -m feddr_kit flower``: :func:`feddr_kit.flower_run.simulate`, or with ``--federation deployment``
-    :func:`feddr_kit.flower_run.deploy`; prints the summary and timings. What the mode needs (Flower, and Ray for
+    """``python -m feddr_kit flower``: :func:`feddr_kit.flower.simulate`, or with ``--federation deployment``
+    :func:`feddr_kit.flower.deploy`; prints the summary and timings. What the mode needs (Flower, and Ray for
     the simulation) is checked first, so a missing one is one line, before anything starts."""
-    from .flower_run import check_installed, check_superlink, deploy, simulate
+    from .flower import check_installed, check_superlink, deploy, simulate
 
     deployment = args["federation"] == "deployment"
     options = {k: args[k] for k in ("num_supernodes", "startup_timeout", "timeout", "ray_memory_threshold", "ray_num_cpus")}

@@ -1,4 +1,4 @@
-"""The kit on Flower (feddr_kit/flower.py): the same code path as fk.run, bit for bit.
+"""The kit on Flower (feddr_kit/flower/): the same code path as fk.run, bit for bit.
 
 The fast tests call the ClientApp (``app(message, context)``) and the strategy directly, in this
 process (no Ray, no SuperLink), through :class:`feddr_kit.flower.InProcessGrid`; they need plain
@@ -202,6 +202,32 @@ def test_importing_the_kit_does_not_import_flower():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_launcher_and_the_command_line_do_not_import_flower():
+    code = ("import sys, feddr_kit.__main__; from feddr_kit import flower; flower.simulate, flower.check_installed; "
+            "assert 'flwr' not in sys.modules, 'flwr imported'; flower.run_in_process; assert 'flwr' in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_face_gives_the_apps_names_and_flower_finds_the_components():
+    import ast
+
+    from flwr.supercore.object_ref import load_app, validate
+
+    from feddr_kit.flower import apps, launch
+    body = ast.parse(Path(apps.__file__).read_text()).body
+    defined = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    defined |= {t.id for n in body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    public = {n for n in defined if not n.startswith("_")}
+    assert public <= set(flower.__all__), f"add to feddr_kit.flower's __all__: {sorted(public - set(flower.__all__))}"
+    for name in flower.__all__:
+        assert getattr(flower, name) is getattr(launch if name in vars(launch) else apps, name), name
+    for ref, app in (("feddr_kit.flower:server_app", apps.server_app), ("feddr_kit.flower:client_app", apps.client_app)):
+        assert validate(ref, check_module=True, project_dir=REPO) == (True, None)  # Flower reads the source for the name
+        assert load_app(ref, ImportError) is app
 
 
 def simulation_wanted() -> bool:

@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("flwr")
 
 import feddr_kit as fk  # noqa: E402
-from feddr_kit import flower_run  # noqa: E402
+from feddr_kit.flower import launch  # noqa: E402
 from test_hardening_round4 import end_tree, guard  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def spawn(tmp_path):
     started = []
 
     def start(name: str, *cmd: str) -> subprocess.Popen:
-        env = {**flower_run.flwr_environment(tmp_path / f"flwr_home_{name}"), "OMP_NUM_THREADS": "1",
+        env = {**launch.flwr_environment(tmp_path / f"flwr_home_{name}"), "OMP_NUM_THREADS": "1",
                # the checkout's kit in every process, the ServerApp's and ClientApps' included
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         log = open(tmp_path / f"{name}.log", "w")
@@ -51,7 +51,7 @@ def spawn(tmp_path):
     yield start
     for proc, log, watchdog in reversed(started):
         try:
-            flower_run.stop_tree(proc)  # SIGTERM first: each stops what it started
+            launch.stop_tree(proc)  # SIGTERM first: each stops what it started
         finally:
             end_tree(proc, watchdog)  # then whatever is left, and the watchdog
             log.close()
@@ -69,14 +69,14 @@ def flags(config: dict) -> list[str]:
 
 @pytest.mark.slow  # about three minutes on 2 busy cores: each process and each ClientApp imports torch
 def test_deployment_on_loopback_equals_fk_run(spawn, tmp_path, synthetic):
-    port = flower_run.free_port()  # the SuperLink's Fleet, Control and Runtime APIs
+    port = launch.free_port()  # the SuperLink's Fleet, Control and Runtime APIs
     link = spawn("superlink", str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
                  "--disable-runtime-dependency-installation")
     superlink = f"127.0.0.1:{port}"
-    flower_run.wait_healthy(superlink, 300, link)  # so that the SuperNodes connect at their first try
+    launch.wait_healthy(superlink, 300, link)  # so that the SuperNodes connect at their first try
     for k in PARTITIONS:  # on one machine each SuperNode needs a Runtime API port of its own (default 9094)
         spawn(f"supernode{k}", str(BIN / "flower-supernode"), "--insecure", "--superlink", superlink,
-              "--port", str(flower_run.free_port()),
+              "--port", str(launch.free_port()),
               "--node-config", f"partition-id={k} num-partitions={len(PARTITIONS)}")
     deployed = tmp_path / "deployed"
     cli = spawn("flower", sys.executable, "-m", "feddr_kit", "flower", "--federation", "deployment",

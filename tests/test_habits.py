@@ -303,10 +303,10 @@ def test_flower_help_names_only_its_options(capsys):
 
 
 def test_flower_without_its_extra_says_how_to_get_it(tmp_path, capsys):
-    from feddr_kit import flower_run
+    from feddr_kit import flower
 
     try:
-        flower_run.check_installed()
+        flower.check_installed()
     except FeddrKitError:
         pass
     else:
@@ -318,11 +318,11 @@ def test_flower_without_its_extra_says_how_to_get_it(tmp_path, capsys):
 
 
 def test_flower_refuses_a_used_folder_without_offering_resume(tmp_path, synthetic):
-    from feddr_kit import flower_run
+    from feddr_kit import flower
 
     fk.run(fk.Config(**SMALL, out_dir=str(tmp_path)), data=synthetic)
     with pytest.raises(FeddrKitError, match="overwrite") as err:
-        flower_run.simulate(fk.Config(**SMALL, out_dir=str(tmp_path)))
+        flower.simulate(fk.Config(**SMALL, out_dir=str(tmp_path)))
     assert "--resume" not in str(err.value)
 
 

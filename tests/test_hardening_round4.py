@@ -23,11 +23,12 @@ import pandas as pd
 import pytest
 
 import feddr_kit as fk
-from feddr_kit import flower_run, repo
+from feddr_kit import repo
 from feddr_kit.__main__ import build_parser, command_config
 from feddr_kit.__main__ import main as kit_main
 from feddr_kit.config import read_mapping
 from feddr_kit.errors import FeddrKitError
+from feddr_kit.flower import launch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "results"))
@@ -302,7 +303,7 @@ FLOWER_RUN = ["flower", "--federation", "deployment", "--dataset", "synthetic", 
 @pytest.mark.parametrize("address", ["http://127.0.0.1:9093", "https://superlink:9093", "bad host:9093",
                                      "127.0.0.1/x:9093", "[not-ipv6]:9093"])
 def test_a_superlink_address_flwr_cannot_use_is_refused_at_once(tmp_path, capsys, monkeypatch, address):
-    monkeypatch.setattr(flower_run, "wait_healthy", lambda *a, **k: pytest.fail("it waited for the SuperLink"))
+    monkeypatch.setattr(launch, "wait_healthy", lambda *a, **k: pytest.fail("it waited for the SuperLink"))
     assert kit_main([*FLOWER_RUN, "--superlink", address, "--out-dir", str(tmp_path / "f")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "HOST:PORT" in err and "Traceback" not in err, err
@@ -313,20 +314,20 @@ def test_a_superlink_address_flwr_cannot_use_is_refused_at_once(tmp_path, capsys
 
 @pytest.mark.parametrize("address", ["127.0.0.1:9093", "localhost:9093", "[::1]:9093", "superlink.example.org:443"])
 def test_a_host_name_or_ip_address_and_a_port_pass(address):
-    assert flower_run.check_superlink(address) == address
+    assert launch.check_superlink(address) == address
 
 
 def test_flwr_missing_beside_this_python_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
     pytest.importorskip("flwr")  # else the line says Flower is not installed at all
     (tmp_path / "bin").mkdir()
     monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
-    monkeypatch.setattr(flower_run, "wait_healthy", lambda *a, **k: None)  # past the check, flwr run would start
+    monkeypatch.setattr(launch, "wait_healthy", lambda *a, **k: None)  # past the check, flwr run would start
     assert kit_main([*FLOWER_RUN, "--superlink", "127.0.0.1:9093", "--out-dir", str(tmp_path / "f")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "`flwr`" in err and str(tmp_path / "bin" / "flwr") in err and 'pip install -e ".[flower]"' in err
     with pytest.raises(FeddrKitError, match="flower-superlink"):  # the simulation's SuperLink, by its path
-        flower_run.command("flower-superlink")
+        launch.command("flower-superlink")
 
 
 def test_an_overwriting_flower_run_starts_from_a_folder_emptied_of_the_old_results(tmp_path, monkeypatch):
@@ -340,14 +341,14 @@ def test_an_overwriting_flower_run_starts_from_a_folder_emptied_of_the_old_resul
     folder.mkdir()
     old = {"config.json": cfg.to_json(), "history.csv": "round,test_acc\n2,0.5\n",
            "summary.json": json.dumps({"rounds": 2, "final_acc": 0.5}), "checkpoint.pt": "x",
-           flower_run.TIMING: json.dumps({"first_round_start": 0.0})}
+           launch.TIMING: json.dumps({"first_round_start": 0.0})}
     for name, text in old.items():
         (folder / name).write_text(text)
     seen = []
-    monkeypatch.setattr(flower_run, "wait_healthy", lambda *a, **k: None)
-    monkeypatch.setattr(flower_run, "_flwr_run", lambda *a, **k: seen.append(sorted(p.name for p in folder.iterdir())))
+    monkeypatch.setattr(launch, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(launch, "_flwr_run", lambda *a, **k: seen.append(sorted(p.name for p in folder.iterdir())))
     with pytest.raises(FeddrKitError, match="left no config.json, history.csv, summary.json, checkpoint.pt"):
-        flower_run.deploy(cfg, "127.0.0.1:9093")
+        launch.deploy(cfg, "127.0.0.1:9093")
     assert seen and not set(old) & set(seen[0]), seen  # what flwr run started from
     assert not set(old) & {p.name for p in folder.iterdir()}
 
@@ -417,7 +418,7 @@ def test_a_deleted_working_directory_without_an_installed_repository_is_one_line
 def test_a_saved_point_or_config_without_a_later_field_is_compared_at_its_default(tmp_path):
     """A run folder written before ``tf32`` existed holds the run at tf32's default (True): the same run as
     ``Config(tf32=True)``, another than ``Config(tf32=False)``."""
-    from feddr_kit.sweep_root import mismatch
+    from feddr_kit.sweep.root import mismatch
 
     cfg = fk.Config(dataset="synthetic", rounds=2)
     old = {k: v for k, v in cfg.to_dict().items() if k != "tf32"}

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import feddr_kit as fk
-from feddr_kit import sweep, sweep_run
+from feddr_kit import sweep
+from feddr_kit.sweep import running
 from feddr_kit.errors import FeddrKitError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,13 +36,13 @@ def tiny():
 def counted(monkeypatch):
     """Wraps the sweep's call of fk.run; returns the list of (folder name, resume) it was called with."""
     calls = []
-    real = sweep_run.run_one
+    real = running.run_one
 
     def spy(cfg, **kw):
         calls.append((Path(cfg.out_dir).name, kw.get("resume", False)))
         return real(cfg, **kw)
 
-    monkeypatch.setattr(sweep_run, "run_one", spy)
+    monkeypatch.setattr(running, "run_one", spy)
     return calls
 
 
@@ -138,19 +139,19 @@ def test_interrupted_sweep_resumes_to_the_uninterrupted_histories(tmp_path, tiny
 
 
 def test_failed_run_is_recorded_and_the_sweep_goes_on(tmp_path, tiny, monkeypatch):
-    real = sweep_run.run_one
+    real = running.run_one
 
     def diverge_at_high_lr(cfg, **kw):
         if cfg.lr == 0.5:
             raise FloatingPointError("round 1, client 3: the local loss became nan at lr=0.5")
         return real(cfg, **kw)
 
-    monkeypatch.setattr(sweep_run, "run_one", diverge_at_high_lr)
+    monkeypatch.setattr(running, "run_one", diverge_at_high_lr)
     df = sweep.run(BASE, {"lr": [0.5, 0.05]}, [0], tmp_path, data=tiny, progress=False)
     assert list(df["status"]) == ["failed", "done"]
     assert df.loc[0, "error"] == "FloatingPointError: round 1, client 3: the local loss became nan at lr=0.5"
     assert df.loc[0, "lr"] == 0.5  # the failed run's config is still reported
-    monkeypatch.setattr(sweep_run, "run_one", lambda *a, **k: pytest.fail("a failed run was retried"))
+    monkeypatch.setattr(running, "run_one", lambda *a, **k: pytest.fail("a failed run was retried"))
     sweep.run(BASE, {"lr": [0.5, 0.05]}, [0], tmp_path, data=tiny, progress=False)
 
 

@@ -19,10 +19,11 @@ import pytest
 import torch
 
 import feddr_kit as fk
-from feddr_kit import sweep, sweep_run
+from feddr_kit import sweep
+from feddr_kit.sweep import running
 from feddr_kit.__main__ import main as kit_main
 from feddr_kit.errors import FeddrKitError, StorageError
-from feddr_kit.sweep_root import status
+from feddr_kit.sweep.root import status
 from test_sweep import _left_after  # the process table's reader, shared
 
 REPO = Path(__file__).resolve().parents[1]
@@ -258,7 +259,7 @@ def test_after_ctrl_c_no_run_that_had_not_started_starts(tmp_path, tiny, monkeyp
 
 
 def test_retry_failed_reruns_the_failed_runs_and_only_them(tmp_path, tiny, monkeypatch, capsys):
-    real = sweep_run.run_one
+    real = running.run_one
     calls = []
 
     def diverge_once(cfg, **kw):  # a run at lr 0.03 "diverges" the first time, as a flaky node might make it
@@ -272,9 +273,9 @@ def test_retry_failed_reruns_the_failed_runs_and_only_them(tmp_path, tiny, monke
 
     grid = {"lr": [0.03, 0.05]}
     for root in (tmp_path / "api", tmp_path / "cli"):
-        monkeypatch.setattr(sweep_run, "run_one", diverge_once)
+        monkeypatch.setattr(running, "run_one", diverge_once)
         assert list(sweep.run(BASE, grid, [0], root, data=tiny, progress=False)["status"]) == ["failed", "done"]
-        monkeypatch.setattr(sweep_run, "run_one", counted)
+        monkeypatch.setattr(running, "run_one", counted)
     calls.clear()
     sweep.run(BASE, grid, [0], tmp_path / "api", data=tiny, progress=False)
     assert calls == []  # a failed run is skipped unless asked
@@ -292,7 +293,7 @@ def test_a_root_accepts_the_same_grid_fields_in_another_order(tmp_path, tiny, mo
     base = {**BASE, "rounds": 1}
     sweep.run(base, {"algorithm": ["fedavg"], "lr": [0.05]}, [0], tmp_path, data=tiny, progress=False)
     before = (tmp_path / "sweep.json").read_bytes()
-    monkeypatch.setattr(sweep_run, "run_one", lambda *a, **k: pytest.fail("a finished run was run again"))
+    monkeypatch.setattr(running, "run_one", lambda *a, **k: pytest.fail("a finished run was run again"))
     df = sweep.run(base, {"lr": [0.05], "algorithm": ["fedavg"]}, [0], tmp_path, data=tiny, progress=False)
     assert list(df["status"]) == ["done"] and list(df["name"]) == ["algorithm=fedavg__lr=0.05__seed=0"]
     assert (tmp_path / "sweep.json").read_bytes() == before

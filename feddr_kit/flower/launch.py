@@ -28,10 +28,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import rundir
-from .config import Config
-from .errors import FeddrKitError
-from .methods import ALGORITHMS
+from .. import rundir
+from ..config import Config
+from ..errors import FeddrKitError
+from ..methods import ALGORITHMS
 
 APP_DIR, FLWR_HOME_DIR, TIMING = "flower_app", "flwr_home", "flower_timing.json"
 LOCAL, DEPLOYMENT = "local", "deployment"  # the SuperLink connections FLWR_HOME names, as `flwr run` takes them

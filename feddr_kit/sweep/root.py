@@ -1,6 +1,6 @@
 """A sweep's root: the files in it, the state of each run folder, and the one grid it holds.
 
-``root/<name>/`` holds one run (:func:`feddr_kit.sweep_grid.run_dir_name`); ``root/sweep.json`` the grid.
+``root/<name>/`` holds one run (:func:`feddr_kit.sweep.grid.run_dir_name`); ``root/sweep.json`` the grid.
 A folder is ``done`` (summary.json), ``failed`` (error.txt), ``partial`` (started) or not a run yet.
 
 One root, one grid (:func:`starting`). A root's tables group its runs by the grid's fields and count
@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import rundir
-from .config import Config
-from .errors import BusyError, FeddrKitError
-from .rundir import CHECKPOINT, write_json
-from .sweep_grid import BOOKKEEPING, field_defaults, plain
+from .. import rundir
+from ..config import Config
+from ..errors import BusyError, FeddrKitError
+from ..rundir import CHECKPOINT, write_json
+from .grid import BOOKKEEPING, field_defaults, plain
 
 SUMMARY, CONFIG, HISTORY, ERROR, POINT, SWEEP, RESULTS, TABLE, RUNS = (
     "summary.json", "config.json", "history.csv", "error.txt", "point.json", "sweep.json", "results.json", "table.csv",

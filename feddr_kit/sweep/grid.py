@@ -14,8 +14,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .config import Config
-from .errors import FeddrKitError
+from ..config import Config
+from ..errors import FeddrKitError
 
 # Fields that say where and how visibly a run goes, not what it computes: never part of a name,
 # never a mismatch.

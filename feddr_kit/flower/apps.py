@@ -29,9 +29,11 @@ evaluates the global model centrally on the test set (``configure_evaluate`` sen
 Not supported here: ``probes=True``, ``resume`` and ``engine="batched"`` (clients train one per
 message). SphereFed's calibration reads every client's training images on the server, as
 ``fk.run`` does (a shortcut a real deployment would replace by uploaded ``G_k``, ``B_k``).
-``flwr run`` itself (the App's files, the SuperLink, :func:`simulate`, :func:`deploy`) is in :mod:`feddr_kit.flower_run`.
+``flwr run`` itself (the App's files, the SuperLink, :func:`~feddr_kit.flower.launch.simulate`,
+:func:`~feddr_kit.flower.launch.deploy`) is in :mod:`feddr_kit.flower.launch`.
 
-Needs ``pip install 'feddr_kit[flower]'``; ``import feddr_kit`` never imports this module.
+Needs ``pip install 'feddr_kit[flower]'``; ``import feddr_kit`` never imports this module, and
+:mod:`feddr_kit.flower` imports it at the first use of one of its names.
 """
 from __future__ import annotations
 
@@ -43,19 +45,18 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from . import engine as engine_mod
-from . import federated as fed
-from . import instruments
-from .build import Run, build_run
-from .config import Config
-from .data import ImageData
-from .errors import FeddrKitError
-from .flower_run import (APP_DIR, FLWR_HOME_DIR, TIMING, UNSUPPORTED, check_outcome, check_supported,  # noqa: F401
-                         config_from_run_config, config_to_run_config, deploy, simulate, write_app, write_flwr_home)
-from .partition import Partition
-from .roundlog import Result, RoundLog
-from .rundir import write_json
-from .schedule import RoundPlan, plan_round
+from .. import engine as engine_mod
+from .. import federated as fed
+from .. import instruments
+from ..build import Run, build_run
+from ..config import Config
+from ..data import ImageData
+from ..errors import FeddrKitError
+from ..partition import Partition
+from ..roundlog import Result, RoundLog
+from ..rundir import write_json
+from ..schedule import RoundPlan, plan_round
+from .launch import TIMING, check_supported, config_from_run_config, config_to_run_config
 
 try:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .errors import FeddrKitError
+from ..errors import FeddrKitError
 
 # Seconds between two looks at the processes while the tasks run: progress shows within this delay.
 POLL_S = 0.1

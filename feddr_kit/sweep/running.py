@@ -3,7 +3,7 @@
 A sweep that is killed and started again finds its folders: finished runs (``summary.json``) are
 skipped, interrupted ones (``checkpoint.pt`` without ``summary.json``) continue with the kit's exact
 resume, and the rest start fresh. Each folder is prepared and run under its lock, so two sweeps on one
-root share the work. ``jobs=N`` runs N at once, each in a process of its own (:mod:`feddr_kit.workers`);
+root share the work. ``jobs=N`` runs N at once, each in a process of its own (:mod:`feddr_kit.sweep.workers`);
 the runs, the folders and the numbers are the same as one at a time.
 """
 from __future__ import annotations
@@ -14,23 +14,24 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from . import progress as progress_mod
-from . import rundir, workers
-from .clients import load_data
-from .config import Config
-from .data import ImageData
-from .errors import BusyError, FeddrKitError, StorageError
-from .federated import run as run_one
-from .rundir import CHECKPOINT, write_json, write_text
-from .sweep_collect import collect, in_grid_order, write_tables
-from .sweep_grid import expand, plain, run_dir_name
-from .sweep_root import CONFIG, DONE, ERROR, FAILED, HISTORY, POINT, mismatch, starting, status
+from .. import progress as progress_mod
+from .. import rundir
+from ..clients import load_data
+from ..config import Config
+from ..data import ImageData
+from ..errors import BusyError, FeddrKitError, StorageError
+from ..federated import run as run_one
+from ..rundir import CHECKPOINT, write_json, write_text
+from . import workers
+from .collecting import collect, in_grid_order, write_tables
+from .grid import expand, plain, run_dir_name
+from .root import CONFIG, DONE, ERROR, FAILED, HISTORY, POINT, mismatch, starting, status
 
 
 def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], seeds: Sequence[int],
               root: str | Path, *, data: ImageData | None = None, progress: bool = True,
               retry_failed: bool = False, callback=None, jobs: int = 1, threads: int | None = None) -> pd.DataFrame:
-    """Run every config of :func:`feddr_kit.sweep_grid.expand` (``base``, ``grid``, ``seeds``) into ``root/<name>/``.
+    """Run every config of :func:`feddr_kit.sweep.grid.expand` (``base``, ``grid``, ``seeds``) into ``root/<name>/``.
 
     Finished runs are skipped, interrupted ones resumed (``fk.run(cfg, resume=True)``), missing ones
     run; a folder that holds a different config is an error, raised before anything trains. A run
@@ -40,15 +41,15 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
     failed, so the same call resumes it once there is room. The dataset is loaded once per distinct
     ``(dataset, data_path)`` (and process), or ``data`` is used for every run. ``callback(row)`` goes to
     every ``fk.run``. Writes ``root/sweep.json``; a root holds one grid: a sweep of another base, or
-    varying other fields, is refused naming both grids (:func:`feddr_kit.sweep_root.starting`), while one
-    that adds values or seeds to the same fields joins it. Returns :func:`feddr_kit.sweep_collect.collect`
+    varying other fields, is refused naming both grids (:func:`feddr_kit.sweep.root.starting`), while one
+    that adds values or seeds to the same fields joins it. Returns :func:`feddr_kit.sweep.collecting.collect`
     of this sweep's folders, in sweep order. Safe to kill and call again. Each folder is prepared and run
     under its lock (:func:`feddr_kit.rundir.claim`), so two sweeps at once on one root (or a sweep meeting
     a folder that a run holds) never touch each other's folders: a held folder is skipped with a line
     saying so and is ``partial`` in the frame until its owner finishes it.
 
     ``jobs``: runs at once, each ``jobs > 1`` run in a process of its own (on CPU cores, or sharing one
-    GPU: :func:`feddr_kit.workers.run_each`), the next one starting as one ends; every run is under its
+    GPU: :func:`feddr_kit.sweep.workers.run_each`), the next one starting as one ends; every run is under its
     own lock and gives the numbers it gives alone with the same torch threads. ``threads``: torch threads
     per run; with ``jobs > 1`` it defaults to 1 per run (the runs share the cores; a run on 1 thread gives
     the same numbers on every machine's core count), with ``jobs=1`` to this process's setting. With

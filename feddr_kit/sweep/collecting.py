@@ -15,12 +15,12 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from ..errors import FeddrKitError
+from ..rundir import write_text
 from .claims import as_list, intervals
-from .errors import FeddrKitError
-from .rundir import write_text
-from .sweep_grid import BOOKKEEPING, field_defaults, plain
-from .sweep_root import (CONFIG, DONE, ERROR, FAILED, HISTORY, PARTIAL, POINT, RUNS, SUMMARY, SWEEP, TABLE, UNREADABLE,
-                         hashable, json_object, read_json, status)
+from .grid import BOOKKEEPING, field_defaults, plain
+from .root import (CONFIG, DONE, ERROR, FAILED, HISTORY, PARTIAL, POINT, RUNS, SUMMARY, SWEEP, TABLE, UNREADABLE,
+                   hashable, json_object, read_json, status)
 
 
 def collect(root: str | Path) -> pd.DataFrame:
@@ -204,7 +204,7 @@ def _crowded(d: pd.DataFrame, keys: list[str]) -> tuple[dict, Any, pd.DataFrame]
 def interval_summary(root: str | Path, value: str = "final_acc", confidence: float = 0.95) -> pd.DataFrame:
     """The sweep in ``root`` as one row per grid point: its grid fields (from ``sweep.json``; else
     ``algorithm``), ``value`` (the summary field), ``mean``, ``low``, ``high``, ``half_width`` (the t
-    interval over seeds, :func:`feddr_kit.claims.intervals`; accuracies as fractions) and ``n`` (seeds
+    interval over seeds, :func:`feddr_kit.sweep.claims.intervals`; accuracies as fractions) and ``n`` (seeds
     finished). Raises :class:`FeddrKitError` when no run has finished, or when a grid point holds two
     finished runs with one seed (a root filled with two grids before a root held one), naming the field
     in which they differ."""

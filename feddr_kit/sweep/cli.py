@@ -14,11 +14,11 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from .config import read_mapping
-from .errors import FeddrKitError, StorageError
-from .sweep_collect import table
-from .sweep_root import DONE, FAILED, PARTIAL, RUNS, TABLE, UNREADABLE
-from .sweep_run import run_sweep
+from ..config import read_mapping
+from ..errors import FeddrKitError, StorageError
+from .collecting import table
+from .root import DONE, FAILED, PARTIAL, RUNS, TABLE, UNREADABLE
+from .running import run_sweep
 from .workers import WorkerLostError
 
 

@@ -12,12 +12,12 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import pandas as pd
 
-from . import progress as progress_mod
-from .errors import FeddrKitError
-from .rundir import write_json, write_text
-from .sweep_collect import in_grid_order
-from .sweep_grid import check_grid, name_from, plain, points
-from .sweep_root import DONE, ERROR, FAILED, PARTIAL, POINT, RESULTS, UNREADABLE, hashable, json_object, starting
+from .. import progress as progress_mod
+from ..errors import FeddrKitError
+from ..rundir import write_json, write_text
+from .collecting import in_grid_order
+from .grid import check_grid, name_from, plain, points
+from .root import DONE, ERROR, FAILED, PARTIAL, POINT, RESULTS, UNREADABLE, hashable, json_object, starting
 
 
 def run_notebook_grid(notebook: str | Path, grid: Mapping[str, Sequence], seeds: Sequence[int], root: str | Path,
@@ -31,7 +31,7 @@ def run_notebook_grid(notebook: str | Path, grid: Mapping[str, Sequence], seeds:
     skipped; a point whose execution raises (or writes no ``results.json``) leaves ``error.txt``
     and the grid goes on (retried only with ``retry_failed``). A root holds one grid: another notebook,
     other fixed parameters or other fields varied are refused, naming both grids. ``<name>`` spells every grid field
-    and the seed (as :func:`feddr_kit.sweep_grid.run_dir_name` does). ``cwd``: the kernel's working folder
+    and the seed (as :func:`feddr_kit.sweep.grid.run_dir_name` does). ``cwd``: the kernel's working folder
     (default: the notebook's). Returns :func:`collect_notebooks` of this grid's folders, in grid order.
     """
     import papermill
@@ -48,7 +48,7 @@ def run_notebook_grid(notebook: str | Path, grid: Mapping[str, Sequence], seeds:
     names = [name_from(sorted(p.items()) + [("seed", s)]) for p, s in todo_points]
     with starting(root, {"notebook": str(notebook), "parameters": {k: plain(v) for k, v in fixed.items()},
                          "grid": {k: [plain(v) for v in vs] for k, vs in grid.items()}, "seeds": [int(s) for s in seeds]}):
-        pass  # one grid per root, as for a sweep of runs (feddr_kit.sweep_root.starting)
+        pass  # one grid per root, as for a sweep of runs (feddr_kit.sweep.root.starting)
     todo = [(p, s, n) for (p, s), n in zip(todo_points, names)
             if not (root / n / RESULTS).exists() and (retry_failed or not (root / n / ERROR).exists())]
     bar = progress_mod.bar(len(todo_points), "notebook grid", unit="runs", initial=len(todo_points) - len(todo),

@@ -13,9 +13,9 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from .errors import FeddrKitError
-from .stats import Interval, difference, interval
-from .sweep_root import DONE
+from ..errors import FeddrKitError
+from ..stats import Interval, difference, interval
+from .root import DONE
 
 
 def as_list(x: str | Sequence[str] | None) -> list[str]:
@@ -33,7 +33,7 @@ def _parse_value(text: str) -> Any:
 
 
 def fields_from_name(name: str) -> dict[str, Any]:
-    """The ``field=value`` parts of a run folder name (:func:`feddr_kit.sweep_grid.run_dir_name`):
+    """The ``field=value`` parts of a run folder name (:func:`feddr_kit.sweep.grid.run_dir_name`):
     ``"algorithm=dr__seed=1"`` gives ``{"algorithm": "dr", "seed": 1}``. Values that read as int or float
     are converted; a trailing digest (no ``=``) is skipped. Characters replaced in the name stay replaced."""
     out = {}
