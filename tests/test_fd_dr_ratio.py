@@ -82,9 +82,9 @@ def _units(text: str) -> list[str]:
 
 def _quoting_units() -> dict[str, list[str]]:
     """Where the docs and chapters speak of the ratio by phase: each sentence that links the table, names the
-    FD:DR ratio or an lr phase, in README.md and the chapters that quote it (00, 04: their Markdown cells)."""
+    FD:DR ratio or an lr phase, in README.md and the chapters that quote it (00, 04, 06: their Markdown cells)."""
     texts = {"README.md": (REPO / "README.md").read_text()}
-    for stem in ("00_quickstart", "04_feature_distillation"):
+    for stem in ("00_quickstart", "04_feature_distillation", "06_regularizer_synergy"):
         nb = nbformat.read(REPO / "notebooks" / f"{stem}.ipynb", as_version=4)
         texts[stem] = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     marks = ("fd_dr_ratio.md", "FD:DR", "full lr", "decay", "after the first")
