@@ -21,7 +21,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from .config import Config, is_none_word, read_file, read_mapping
-from .errors import DivergedError, FeddrKitError, StorageError
+from .errors import FeddrKitError, report
 from .flower import UNSUPPORTED
 from .personalize import METHODS
 
@@ -254,8 +254,7 @@ def dispatch(args: dict, typed: dict) -> int:
         else:
             cfg = command_config(typed, args["config"], resume=args.get("resume", False))
     except FeddrKitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     if command == "sweep":
         from .sweep import main as sweep_main
 
@@ -269,15 +268,8 @@ def dispatch(args: dict, typed: dict) -> int:
         if note:
             print(note, file=sys.stderr)
         result = run(cfg, resume=args["resume"])
-    except DivergedError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except StorageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
     except FeddrKitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     print(json.dumps(result.summary, indent=2))
     print("\n" + summary_line(result.config, result.summary))
     if result.out_dir is not None:
@@ -305,8 +297,7 @@ def flower_main(cfg: Config, args: dict) -> int:
         timing = (deploy(cfg, args["superlink"], startup_timeout=args["startup_timeout"], timeout=args["timeout"])
                   if deployment else simulate(cfg, **options))
     except FeddrKitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     print(json.dumps(timing, indent=2))
     print("\n" + summary_line(cfg, timing["summary"]))
     print(f"flwr run finished in {timing['wall_s']:.1f} s; the first round began {timing['first_round_start_s']:.1f} s "

@@ -15,7 +15,6 @@ Command line: ``python -m feddr_kit export RUN_DIR --to model.pt``.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch
 from .build import build_algorithm
 from .clients import load_data
 from .config import Config
-from .errors import FeddrKitError, StorageError
+from .errors import FeddrKitError, StorageError, report
 from .models import Net
 from .rundir import (CHECKPOINT, atomic_write, load_checkpoint, read_checked, read_json, read_weights, writable_folder,
                      write_json)
@@ -146,11 +145,7 @@ def main(args: dict[str, Any]) -> int:
     unreadable run, a destination that cannot be written), 3 when a write fails."""
     try:
         info = export_model(args["run_dir"], args["to"])
-    except StorageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
     except FeddrKitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     print(f"weights in {args['to']}, description in {info}; load with fk.load_model({str(args['to'])!r})")
     return 0

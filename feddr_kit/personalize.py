@@ -16,7 +16,6 @@ the round loop instead: see feddr_kit/methods/personalized.py.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from .build import build_algorithm
 from .clients import Clients, data_and_partition
 from .config import Config
 from .data import ImageData
-from .errors import FeddrKitError, StorageError
+from .errors import FeddrKitError, StorageError, report
 from .evaluation import Evaluator
 from .local import ClientContext, build_teacher, client_context
 from .methods import ALGORITHMS, Algorithm, CrossEntropyOf, resolve_regularizer
@@ -356,8 +355,8 @@ def _saved_config(run_dir: Path) -> Config:
 def main(args: dict[str, Any]) -> int:
     """``python -m feddr_kit personalize --run RUN_DIR --method finetune|local-only``: personalize, save
     (:func:`save`, into ``--out``, default ``RUN_DIR/personalize-<method>``) and print the summary. The
-    output folder is checked before any client trains. Returns 0, 2 on bad input (a broken run folder, an
-    output folder that cannot be written), 3 when a write fails."""
+    output folder is checked before any client trains. Returns 0, 1 when training diverged, 2 on bad input (a
+    broken run folder, an output folder that cannot be written), 3 when a write fails."""
     run_dir = Path(args["run"])
     out = Path(args["out"]) if args.get("out") else run_dir / f"personalize-{args['method']}"
     progress = not args.get("no_progress", False)
@@ -372,12 +371,8 @@ def main(args: dict[str, Any]) -> int:
                 result = local_only(_saved_config(run_dir), args["loss"], epochs=args.get("epochs"), lr=args.get("lr"),
                                     device=args["device"], progress=progress)
             save(result, out)
-    except StorageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
     except FeddrKitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     s = result.summary()
     before = "" if np.isnan(s["before_mean"]) else f"before {s['before_mean']:.2%} ± {s['before_std']:.2%}, "
     print(f"{s['method']}: mean client accuracy {before}after {s['after_mean']:.2%} ± {s['after_std']:.2%} "

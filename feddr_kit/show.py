@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from . import sweep
-from .errors import FeddrKitError, StorageError
+from .errors import FeddrKitError, report
 from .rundir import atomic_write, read_csv, read_json, writable_folder, write_text
 
 PLOT = "history.png"
@@ -143,10 +142,6 @@ def main(args: dict[str, Any]) -> int:
         else:
             raise FeddrKitError(f"{path} holds neither a run (config.json, history.csv, summary.json) nor a sweep "
                                 "(sweep.json or run folders)")
-    except StorageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
     except FeddrKitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     return 0

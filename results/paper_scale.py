@@ -29,8 +29,9 @@ brings files back.
 ``docs/paper_scale.md`` (each cell beside the paper's, the two questions answered as far as the runs go);
 with another ``--root``, the root's own ``paper_scale.md`` instead (``--doc`` names another page).
 Commit the finished runs with ``git add results/paper_scale docs/paper_scale.md``; checkpoints and locks
-are ignored. Exit codes as ``python -m feddr_kit``'s: 0 done, 2 bad input or an unreadable run file (one
-line naming it), 3 a result file could not be written, 130 Ctrl-C (finished runs kept, folders released).
+are ignored. Exit codes as ``python -m feddr_kit``'s: 0 done, 1 a run's process was lost (killed, out of
+memory), 2 bad input or an unreadable run file (one line naming it), 3 a result file could not be written,
+130 Ctrl-C (finished runs kept, folders released).
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import feddr_kit as fk  # noqa: E402
 from _sweeps import slug  # noqa: E402
-from feddr_kit.errors import FeddrKitError, StorageError  # noqa: E402
+from feddr_kit.errors import FeddrKitError, report  # noqa: E402
 from feddr_kit.rundir import CHECKPOINT, read_csv, read_json, write_json, write_text  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent
@@ -618,19 +619,16 @@ def main(argv: list[str] | None = None) -> list[Unit]:
 
 def cli(argv: list[str] | None = None) -> int:
     """The command line: :func:`main` with ``python -m feddr_kit``'s exit codes and one line instead of a
-    traceback: 0 done, 2 bad input or an unreadable run file, 3 a result file could not be written, 130 Ctrl-C."""
+    traceback: 0 done, 1 a run's process was lost, 2 bad input or an unreadable run file, 3 a result file could not
+    be written, 130 Ctrl-C (:func:`feddr_kit.errors.report`)."""
     try:
         main(argv)
     except KeyboardInterrupt:  # fk.sweep.run has released every run's folder on the way out
         print("interrupted: the finished runs are kept and every run's folder released; the same command continues "
               "with the runs not finished", file=sys.stderr)
         return 130
-    except StorageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3
     except FeddrKitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     return 0
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Mapping
@@ -15,11 +14,10 @@ from typing import Any, Mapping
 import pandas as pd
 
 from ..config import read_mapping
-from ..errors import FeddrKitError, StorageError
+from ..errors import FeddrKitError, report
 from .collecting import table
 from .root import DONE, FAILED, PARTIAL, RUNS, TABLE, UNREADABLE
 from .running import run_sweep
-from .workers import WorkerLostError
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -67,12 +65,8 @@ def main(args: Mapping[str, Any]) -> int:
             df = run_sweep(base, grid, seeds, args["root"], progress=not args.get("no_progress", False),
                            retry_failed=args.get("retry_failed", False), jobs=args.get("jobs", 1),
                            threads=args.get("threads"))
-    except (StorageError, WorkerLostError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 3 if isinstance(err, StorageError) else 1
-    except FeddrKitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except FeddrKitError as err:  # a lost process is 1 (WorkerLostError), a full disk 3, bad input 2
+        return report(err)
     done = df[df["status"] == DONE] if not df.empty else df
     if not done.empty:
         fields = list(grid) or ["algorithm"]  # rows: the first field (and any beyond the second); cols: the second

@@ -64,6 +64,8 @@ class WorkerLostError(FeddrKitError):
     """A task's process ended abruptly (killed, out of memory). The message is one line: which, how, and
     that running the same again goes on."""
 
+    exit_code = 1  # the input was valid and a run failed
+
 
 def run_each(fn: Callable[[Any, Emit, Any], Any], items: Sequence[Any], jobs: int, *, threads: int | None = None,
              setup: Callable[..., Any] | None = None, setup_args: tuple = (),
