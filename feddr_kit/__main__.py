@@ -20,7 +20,7 @@ import warnings
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from .config import Config, is_none_word, read_file, read_mapping
+from .config import Config, is_none_word, read_file, read_mapping, whole_number
 from .errors import FeddrKitError, report
 from .flower import UNSUPPORTED
 from .personalize import METHODS
@@ -62,6 +62,15 @@ def _optional(kind):
     return parse
 
 
+def _integer(text: str) -> int:
+    """An int flag read as a config file reads the field (``--rounds 1.0`` as ``rounds: 1.0``); argparse names the
+    flag in its one-line error otherwise."""
+    try:
+        return whole_number(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
 def add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (), typed_only: bool = False) -> None:
     """One ``--flag`` per ``Config`` field on ``parser`` (dest: the field name), except the fields in ``skip``.
     ``typed_only``: every default suppressed, so the parsed namespace holds only the flags typed."""
@@ -85,7 +94,7 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()
         elif "float" in hint:
             kw.update(type=_optional(float) if "None" in hint else float)
         elif "int" in hint:
-            kw.update(type=_optional(int) if "None" in hint else int)
+            kw.update(type=_optional(_integer) if "None" in hint else _integer)
         else:
             kw.update(type=_optional(str) if "None" in hint else str)
         parser.add_argument(flag, **kw)

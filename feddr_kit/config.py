@@ -338,6 +338,15 @@ def _numbers_from_text(name: str, value: Any) -> Any:
     return _number(value, kind)
 
 
+def whole_number(text: str) -> int:
+    """An integer typed as text, read as a config file reads it: ``"20"``, ``"1e3"`` and ``"1.0"`` give 20, 1000
+    and 1; anything else (``"2.5"``, ``"ten"``) raises ``ValueError``."""
+    value = _number(text, int)
+    if not isinstance(value, int):
+        raise ValueError(f"expected a whole number, got {text!r}")
+    return value
+
+
 def _number(value: Any, kind: type) -> Any:
     """``value`` as a number of ``kind`` when it is one: text that reads as a number, or (for ``int``) a
     whole-number float; anything else unchanged, for validation to name (see :func:`read_file`)."""

@@ -368,6 +368,20 @@ def test_a_whole_number_is_the_integer_however_a_config_file_writes_it(tmp_path,
     assert cfg.rounds == 1 and type(cfg.rounds) is int
 
 
+@pytest.mark.parametrize("flag", ["1.0", "1e0", "1"])
+def test_a_whole_number_is_the_integer_however_a_flag_writes_it(flag):
+    """The flags read an int field as a config file does: ``--rounds 1.0`` is ``rounds: 1.0``."""
+    args = vars(build_parser(typed_only=True).parse_args(["run", "--rounds", flag, "--partition-seed", flag]))
+    assert args["rounds"] == args["partition_seed"] == 1 and type(args["rounds"]) is int
+
+
+def test_a_fraction_for_an_integer_flag_is_one_line_naming_it(capsys):
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["run", "--rounds", "2.5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err[-1].endswith("argument --rounds: expected a whole number, got '2.5'"), err
+
+
 @pytest.mark.parametrize("text", ["rounds: 2.5\n", "rounds: '2.5'\n", "seed: .inf\n", "seed: .nan\n"])
 def test_a_fraction_for_an_integer_field_is_refused_however_written(tmp_path, text):
     with pytest.raises(FeddrKitError, match=r"^(rounds|seed) must be an integer"):
