@@ -60,6 +60,7 @@ TIE_AGAINST = "against the claim (not shown beyond the margin)"
 VERDICTS = (HELD, TIE_TOWARD, TIE, TIE_AGAINST, NOT_HELD, UNTESTABLE)
 TIES = (TIE_TOWARD, TIE, TIE_AGAINST)  # no finding at the margin
 SOURCES = ("paper", "chapter hypothesis")
+NO_VALUE = "—"  # what a table cell shows where there is no number, as the sweep's tables do for a missing run
 DIRECTIONS = ("greater", "less")
 
 
@@ -96,8 +97,12 @@ class Interval:
         """``"0.451 ± 0.012"`` for a symmetric interval, ``"0.451 [0.430, 0.470]"`` otherwise.
 
         ``scale`` multiplies every number (100 for percent), ``unit`` is appended ("%" or " pp"),
-        ``sign`` forces a leading + on the mean (for differences). ``n < 2`` gives ``"0.451 (n=1)"``.
+        ``sign`` forces a leading + on the mean (for differences). ``n < 2`` gives ``"0.451 (n=1)"``; a NaN
+        mean (a NaN among the values, or no values at all) gives :data:`NO_VALUE`, the dash the tables print
+        for a missing cell: ``"+nan"`` would read as a number.
         """
+        if math.isnan(self.mean):
+            return NO_VALUE
         spec = ("+" if sign else "") + fmt
         m = format(self.mean * scale, spec)
         if not self.testable:
@@ -265,16 +270,19 @@ class Claim:
         self.verdict = verdict(self.diff, self.expected, self.margin, self.testable)
 
     def row(self) -> dict[str, str]:
-        """The claim as a table row of strings (columns as in :func:`claims_table`)."""
+        """The claim as a table row of strings (columns as in :func:`claims_table`). A claim with no value (its
+        interval's mean is NaN: nothing was measured) shows :data:`NO_VALUE` for both the value and the margin,
+        since there is nothing for the margin to be compared with."""
         arrow = ">" if self.expected == "greater" else "<"
         bound = self.margin if self.expected == "greater" else -self.margin
+        measured = not math.isnan(self.diff.mean)
         return {
             "claim": self.claim,
             "source": self.source,
             "setting": self.setting,
             "seeds": str(self.seeds) if self.seeds is not None else f"n={self.diff.n}",
             "value ± interval": self.diff.format(self.fmt, self.scale, self.unit, sign=True),
-            "margin": f"{arrow} {format(bound * self.scale, '+' + self.fmt)}{self.unit}",
+            "margin": f"{arrow} {format(bound * self.scale, '+' + self.fmt)}{self.unit}" if measured else NO_VALUE,
             "verdict": self.verdict,
         }
 
@@ -293,8 +301,9 @@ def digest(table: pd.DataFrame) -> str:
     """A Markdown summary of a :func:`claims_table`: one bullet per verdict, the decided ones first (held,
     did not hold), then the three ties (against the claim first: they are the easiest to misread as "no
     difference"; then in the claim's direction; then zero inside the interval) and the untestable, each with one
-    sub-bullet per claim giving its ``value ± interval`` and setting. What a chapter's "what the table
-    says" paragraph quotes, computed so that it always matches the table. Returns the Markdown text."""
+    sub-bullet per claim giving its ``value ± interval`` (left out where the table has no value, :data:`NO_VALUE`)
+    and setting. What a chapter's "what the table says" paragraph quotes, computed so that it always matches the
+    table. Returns the Markdown text."""
     order = [HELD, NOT_HELD, TIE_AGAINST, TIE_TOWARD, TIE, UNTESTABLE]
     out = []
     for v in order:
@@ -302,5 +311,6 @@ def digest(table: pd.DataFrame) -> str:
         if rows.empty:
             continue
         out.append(f"* **{v}** ({len(rows)} of {len(table)}):")
-        out += [f"  * {r['claim']}: {r['value ± interval']} ({r['setting']})" for _, r in rows.iterrows()]
+        out += [f"  * {r['claim']}" + (f": {r['value ± interval']}" if r["value ± interval"] != NO_VALUE else "")
+                + f" ({r['setting']})" for _, r in rows.iterrows()]
     return "\n".join(out)

@@ -230,3 +230,25 @@ def test_digest_leads_with_decided_verdicts_and_quotes_every_claim():
     lines = text.splitlines()
     assert "(1 of 4)" in lines[0] and lines[1].startswith("  * a win: +1.100") and lines[5].startswith("  * a small loss: ")
     assert lines[7].startswith("  * a tie: ")
+
+
+def test_a_claim_with_no_value_shows_a_dash_not_nan():
+    """A NaN interval (nothing measured, or a NaN among the values) prints the tables' dash; its claim row
+    has no margin to compare with and its digest bullet quotes no value."""
+    nothing = stats.interval([float("nan")])
+    assert nothing.format() == stats.NO_VALUE == "—" and nothing.format(".2f", 100, " pp", sign=True) == "—"
+    assert stats.interval([0.1, float("nan"), 0.3]).format() == "—"
+    assert Interval(math.nan, -math.inf, math.inf, 0).format(sign=True) == "—"
+    assert stats.interval([0.5]).format(sign=True) == "+0.500 (n=1)"  # one seed still shows its value
+    rows = [Claim("not run here", "paper", "needs other runs", nothing, testable=False, seeds="—"),
+            Claim("no common seed", "paper", "s", Interval(math.nan, -math.inf, math.inf, 0), margin=0.005, scale=100,
+                  unit=" pp", fmt=".1f"),
+            Claim("same model", "paper", "s", stats.interval([0.0, 0.0, 0.0]), margin=0.005, testable=False)]
+    table = stats.claims_table(rows)
+    assert list(table["verdict"]) == [UNTESTABLE] * 3
+    assert list(table["value ± interval"]) == ["—", "—", "+0.000 ± 0.000"]
+    assert list(table["margin"]) == ["—", "—", "> +0.005"]  # a measured untestable claim keeps its margin
+    assert not table.apply(lambda col: col.str.contains("nan")).any().any()
+    text = stats.digest(table)
+    assert "  * not run here (needs other runs)" in text.splitlines() and "  * no common seed (s)" in text.splitlines()
+    assert "  * same model: +0.000 ± 0.000 (s)" in text.splitlines() and "nan" not in text and "—" not in text
