@@ -423,6 +423,17 @@ _PROBE_LABELS = {
     "global_feat_norm": "global feature norm $\\|f_{global}\\|$",
     "feat_dist_rel": "relative feature distance $\\|f_{local}-f_{global}\\| / \\|f_{global}\\|$",
 }
+# What a y axis says: the quantity in words (and its unit); the panel's title (_PROBE_LABELS) defines it. A norm
+# formula or a "local − global", set on one line beside the axis, is taller than a panel in a row of three.
+_PROBE_YLABELS = {
+    **_PROBE_LABELS,
+    "align_gap": "alignment change",
+    "acc_gap": "accuracy change (pp)",
+    "feat_dist": "feature distance",
+    "feat_norm_diff": "norm difference",
+    "global_feat_norm": "global feature norm",
+    "feat_dist_rel": "relative feature distance",
+}
 _PERCENT = {"acc", "acc_gap", "global_acc"}
 
 
@@ -453,7 +464,7 @@ def observed_unobserved(histories: dict, quantity: str = "align", ax=None, title
     if reference is not None:
         ax.axhline(scale * reference, color="black", ls=":", lw=1.0, label=f"{reference:+.3f}")
     round_axis(ax)
-    ax.set_ylabel(_PROBE_LABELS[quantity])
+    ax.set_ylabel(_PROBE_YLABELS[quantity])
     ax.set_title(title or _PROBE_LABELS[quantity])
     if legend:
         ax.legend(fontsize="x-small")
@@ -502,7 +513,7 @@ def client_drilldown(table, classes=None, axes=None, reference: float | None = N
         ax.set_ylim(low - pad, high + pad)  # the same range in every panel, the reference line included
         names = [classes[c] if classes is not None else str(c) for c in t["class"]]
         ax.set_xticks(x, [f"{n}*" if o else n for n, o in zip(names, t["observed"])], rotation=45, ha="right")
-        ax.set_ylabel(_PROBE_LABELS["align"])
+        ax.set_ylabel(_PROBE_YLABELS["align"])
         ax.set_title(f"{run}: unobs. acc {100 * t.loc[~t['observed'], 'global_acc'].mean():.0f}% -> "
                      f"{100 * t.loc[~t['observed'], 'acc'].mean():.0f}%")
     handles = [Patch(facecolor="lightgrey", edgecolor="grey", label="global model (before)"),
@@ -527,7 +538,7 @@ def probe_bars(table, quantity: str = "align", ax=None, title: str | None = None
     ax.set_xticks(x, list(table.index))
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.margins(y=0.15)  # room for the bar labels
-    ax.set_ylabel(_PROBE_LABELS[quantity])
+    ax.set_ylabel(_PROBE_YLABELS[quantity])
     ax.set_title(title or f"{_PROBE_LABELS[quantity]}, mean over rounds")
     ax.legend(title="classes", loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")  # beside, never over, the bars
     return ax
@@ -549,7 +560,7 @@ def probe_sweep(table, x: str = "beta", quantities=("feat_dist", "align", "acc")
             ax.plot(t[x], scale * t[f"{q}_{s}"], "o-", color=color, label=name)
         _zero_line(ax, q)
         ax.set_xlabel(xlabel or x)
-        ax.set_ylabel(_PROBE_LABELS.get(q, q))
+        ax.set_ylabel(_PROBE_YLABELS.get(q, q))
         ax.set_title(_PROBE_LABELS.get(q, q))
         ax.legend(title="classes", fontsize="x-small")
     return axes

@@ -415,3 +415,34 @@ def test_seed_runs_reuse_and_the_one_seed_studies():
     fig = axes[0].figure
     assert all(ax.get_legend() is None for ax in axes) and len(fig.legends) == 1  # one legend, under the panels
     plt.close("all")
+
+
+def test_probe_y_labels_fit_their_panels_and_titles_keep_the_formulas():
+    """Every probe quantity, three panels in a row under one two-row legend (chapter 04's feature figure): each
+    y label is no taller than its axes and stays below the panel's title; the title keeps the full label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
+
+    import feddr_kit as fk
+    from feddr_kit import plots
+
+    fk.plots.use_style()
+    base = [q for q in plots._PROBE_LABELS if q not in ("align_gap", "acc_gap", "feat_dist_rel")]  # with_gaps adds those
+    rng = np.random.default_rng(0)
+    hist = pd.DataFrame({"round": range(1, 7), **{f"{q}_{s}": rng.uniform(0.1, 1.0, 6) for q in base for s in ("obs", "unobs")}})
+    histories = {name: hist for name in ("DR", "FedDr+", "control")}  # three runs: a legend of two rows
+    quantities = list(plots._PROBE_LABELS)
+    for k in range(0, len(quantities), 3):
+        axes = fk.plots.probe_panels(histories, quantities[k:k + 3], suptitle="a figure title")
+        fig = axes[0].figure
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for ax, q in zip(axes, quantities[k:k + 3]):
+            label, box = ax.yaxis.label.get_window_extent(renderer), ax.get_window_extent(renderer)
+            assert label.height <= box.height and label.y1 <= ax.title.get_window_extent(renderer).y0, q
+            assert ax.get_title() == plots._PROBE_LABELS[q]
+        plt.close(fig)
