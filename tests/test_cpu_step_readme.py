@@ -1,9 +1,10 @@
 """README's CPU-layout table quotes benchmarks/cpu_step.py's measured CSV (one thread), cell by cell."""
 import re
+from pathlib import Path
 
 import pandas as pd
 
-from conftest import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_cpu_table_is_the_benchmark_csv():

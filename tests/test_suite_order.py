@@ -1,7 +1,14 @@
 """The suite's own scheduling: the longest files go first so that two xdist processes finish together."""
+import importlib.util
+from pathlib import Path
 from types import SimpleNamespace
 
-from conftest import LONGEST_FIRST, REPO_ROOT, pytest_collection_modifyitems
+# Loaded from its file: in a whole-suite session "conftest" names notebooks/conftest.py as well.
+_spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).with_name("conftest.py"))
+_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_conftest)
+LONGEST_FIRST, REPO_ROOT = _conftest.LONGEST_FIRST, _conftest.REPO_ROOT
+pytest_collection_modifyitems = _conftest.pytest_collection_modifyitems
 
 
 def test_every_file_named_longest_first_exists():
