@@ -24,7 +24,6 @@ model are replaced; others are kept. Time it on an idle machine (nothing else ru
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import feddr_kit as fk
+from round_time import kit_seconds  # this folder's script: the kit's timed rounds, read one way
 
 CSV = Path(__file__).resolve().parents[1] / "results" / "cpu_step.csv"
 LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
@@ -59,11 +59,8 @@ def plain_images_per_second(model_name: str, layout: str, data: fk.data.ImageDat
 
 
 def kit_images_per_second(cfg: fk.Config, data: fk.data.ImageData, images: int) -> float:
-    """Images/s of ``fk.run(cfg)``'s training rounds 3..R-1 (round times read from its checkpoint)."""
-    with tempfile.TemporaryDirectory() as out:
-        fk.run(cfg, data=data, out_dir=out, checkpoint_every=0, eval_every=cfg.rounds)
-        seconds = torch.load(Path(out) / "checkpoint.pt", weights_only=False)["round_seconds"][2:-1]
-    return images / (sum(seconds) / len(seconds))
+    """Images/s of ``fk.run(cfg)``'s training rounds 3..R-1 (``round_time.kit_seconds``: round times from its checkpoint)."""
+    return images / kit_seconds(cfg, data)
 
 
 def measure(models: list[str], repeats: int, rounds: int) -> pd.DataFrame:

@@ -26,29 +26,17 @@ TIMING = RESULTS / "drift_probe_timing.csv"  # seconds per round measured on an 
 NO_WORKING_LR = "no working lr found by the rule"
 
 
-def _probe():
-    """The probe script as a module: its design constants are the one source of the plan."""
-    spec = importlib.util.spec_from_file_location("drift_probe", RESULTS / "drift_probe.py")
+def _script(name: str):
+    """``results/<name>.py`` as a module (the results scripts are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, RESULTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault(spec.name, module)
     spec.loader.exec_module(module)
     return module
 
 
-PROBE = _probe()
-
-
-def _fd_dr():
-    """``results/fd_dr_ratio.py`` as a module: the one table of the FD:DR ratio, whose lr phases and number
-    format this report's reference rows share."""
-    spec = importlib.util.spec_from_file_location("fd_dr_ratio", RESULTS / "fd_dr_ratio.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-FD_DR = _fd_dr()
+PROBE = _script("drift_probe")  # its design constants are the one source of the plan
+FD_DR = _script("fd_dr_ratio")  # the one FD:DR table, whose lr phases and number format the reference rows share
 # The probe's own ratio is pre-registered as the mean over all its evaluated rounds, lr decays included.
 PROBE_RATIO = f"FD:DR ratio, all {PROBE.BASE['rounds'] // PROBE.BASE['eval_every']} evaluated rounds"
 
