@@ -98,7 +98,7 @@ def test_sweep_takes_a_config_file_under_its_grid_and_flags_over_both(tmp_path, 
                                         "shards_per_client: 2\nrounds: 3\nlr_gamma: 1.0\nbatch_size: 20\n")
     (tmp_path / "grid.yaml").write_text("base: {rounds: 2, eval_every: 1}\ngrid: {algorithm: [fedavg]}\nseeds: [0]\n")
     argv = ["sweep", "--grid", str(tmp_path / "grid.yaml"), "--root", str(tmp_path / "root"),
-            "--config", str(tmp_path / "base.yaml"), "--rounds", "1", "--no-progress"]
+            "--config", str(tmp_path / "base.yaml"), "--rounds", "1", "--no-progress", "--jobs", "1"]
     assert main(argv) == 0
     saved = json.loads((tmp_path / "root" / "algorithm=fedavg__seed=0" / "config.json").read_text())
     assert (saved["dataset"], saved["batch_size"], saved["eval_every"], saved["rounds"]) == ("synthetic", 20, 1, 1)

@@ -268,7 +268,7 @@ def test_the_sweep_cli_names_a_held_folder_and_prints_a_lock_takeover_as_a_warni
     (root / "algorithm=fedavg__seed=0" / ".lock").write_text("pid 999999 on elsewhere\n")  # left by a killed run
     with rundir.claim(root / "algorithm=dr__seed=0", resume=False, overwrite=False):
         capsys.readouterr()
-        code = main(["sweep", "--grid", str(spec), "--root", str(root), "--no-progress"])
+        code = main(["sweep", "--grid", str(spec), "--root", str(root), "--no-progress", "--jobs", "1"])
     out, err = capsys.readouterr()
     assert code == 1, err
     assert "warning: taking over the lock of a run that no longer exists (pid 999999 on elsewhere)" in err, err
@@ -287,7 +287,7 @@ def test_one_corrupt_file_costs_its_run_not_the_table(copy_of_swept, capsys, bro
     spec = copy_of_swept.parent / "grid.json"
     spec.write_text(json.dumps({"base": SWEEP_BASE, "grid": {"algorithm": ["fedavg", "dr"]}, "seeds": [0]}))
     capsys.readouterr()
-    code = main(["sweep", "--grid", str(spec), "--root", str(copy_of_swept), "--no-progress"])
+    code = main(["sweep", "--grid", str(spec), "--root", str(copy_of_swept), "--no-progress", "--jobs", "1"])
     out, err = capsys.readouterr()
     assert "Traceback" not in err and "fedavg" in out, err
     assert code == 1 and "unreadable: algorithm=dr__seed=0: cannot read" in out and broken in out, out

@@ -98,7 +98,9 @@ def test_finished_runs_are_skipped(tmp_path, tiny, counted):
     assert len(counted) == 2  # nothing retrained
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/summary.json")} == mtimes
     pd.testing.assert_frame_equal(df, df2)
-    assert json.loads((tmp_path / "sweep.json").read_text()) == {"base": BASE, "grid": grid, "seeds": [0]}
+    # the layout is written out at auto (None), since a base that leaves it out reads as the former NCHW
+    assert json.loads((tmp_path / "sweep.json").read_text()) == {"base": {**BASE, "channels_last": None}, "grid": grid,
+                                                                 "seeds": [0]}
 
 
 def test_a_folder_holding_another_config_is_an_error(tmp_path, tiny):
@@ -206,6 +208,29 @@ def test_jobs_run_each_run_on_the_threads_asked_one_by_default(tmp_path, tiny):
         sweep.run(base, {"algorithm": ["fedavg"]}, [0], tmp_path / "c", data=tiny, jobs=2, callback=lambda row: None)
     with pytest.raises(FeddrKitError, match="jobs must be an integer >= 1, got 0"):
         sweep.run(base, {"algorithm": ["fedavg"]}, [0], tmp_path / "c", data=tiny, jobs=0)
+
+
+def test_command_line_jobs_default_to_one_run_per_core_on_the_cpu_and_one_on_a_gpu(tmp_path, monkeypatch):
+    from feddr_kit.__main__ import main
+    from feddr_kit.sweep import cli, workers
+
+    asked = []
+    monkeypatch.setattr(cli, "run_sweep", lambda *a, jobs, **kw: asked.append(jobs) or pd.DataFrame())
+    monkeypatch.setattr(workers, "usable_cores", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def jobs_for(spec: dict, *flags: str) -> int:
+        grid = tmp_path / f"grid{len(asked)}.json"
+        grid.write_text(json.dumps({"seeds": [0], **spec}))
+        assert main(["sweep", "--grid", str(grid), "--root", str(tmp_path / "root"), "--no-progress", *flags]) == 0
+        return asked[-1]
+
+    assert jobs_for({"base": BASE}) == 3  # one run per core, each on one thread (run_sweep's default for jobs > 1)
+    assert jobs_for({"base": {**BASE, "device": "cuda"}}) == 1
+    assert jobs_for({"base": BASE, "grid": {"device": ["cpu", "cuda"]}}) == 1  # any run on a GPU: one at a time
+    assert jobs_for({"base": BASE}, "--jobs", "2") == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert jobs_for({"base": BASE}) == 1  # device "auto" finds the GPU
 
 
 def test_jobs_leave_a_folder_that_another_process_holds_untouched(tmp_path, tiny):
@@ -327,7 +352,7 @@ def test_two_grids_started_at_once_one_is_refused_and_nothing_is_pooled(tmp_path
     root = tmp_path / "root"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "feddr_kit", "sweep", "--grid", str(_grid_file(tmp_path / f"{i}.json", base, grid)),
-                               "--root", str(root), "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "--root", str(root), "--no-progress", "--jobs", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, (base, grid) in enumerate((ALGORITHMS, FEDAVG_LRS))]
     outs = [p.communicate(timeout=600) for p in procs]
     codes = [p.returncode for p in procs]
@@ -348,8 +373,8 @@ def test_a_sweep_of_the_same_fields_adds_values_and_seeds(tmp_path, tiny):
                    data=tiny, progress=False)
     assert list(df["name"]) == ["algorithm=dr__seed=1", "algorithm=fedavg__seed=1", "algorithm=dr__seed=0",
                                 "algorithm=fedavg__seed=0"]
-    assert json.loads((tmp_path / "sweep.json").read_text()) == {"base": BASE, "grid": {"algorithm": ["fedavg", "dr"]},
-                                                                 "seeds": [0, 1]}
+    assert json.loads((tmp_path / "sweep.json").read_text()) == {"base": {**BASE, "channels_last": None},
+                                                                 "grid": {"algorithm": ["fedavg", "dr"]}, "seeds": [0, 1]}
     assert list(sweep.interval_summary(tmp_path)["n"]) == [2, 2]
 
 
@@ -412,7 +437,8 @@ def test_cli_runs_a_grid_and_prints_the_table(tmp_path, capsys):
     grid = tmp_path / "grid.json"
     grid.write_text(json.dumps({"base": base, "grid": spec, "seeds": [0]}))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "12345"}
-    cmd = [sys.executable, "-m", "feddr_kit", "sweep", "--grid", str(grid), "--root", str(tmp_path / "runs"), "--no-progress"]
+    cmd = [sys.executable, "-m", "feddr_kit", "sweep", "--grid", str(grid), "--root", str(tmp_path / "runs"), "--no-progress",
+           "--jobs", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

@@ -18,6 +18,7 @@ from ..errors import FeddrKitError, report
 from .collecting import table
 from .root import DONE, FAILED, PARTIAL, RUNS, TABLE, UNREADABLE
 from .running import run_sweep
+from .workers import default_jobs
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -34,8 +35,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--value", default="final_acc", help="summary field shown in the table")
     p.add_argument("--retry-failed", action="store_true", help="run again the runs that left error.txt")
     p.add_argument("--no-progress", action="store_true", help="no progress bar and per-run lines")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="runs at once, each in a process of its own (CPU cores, or processes sharing one GPU); default 1")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="runs at once, each in a process of its own (CPU cores, or processes sharing one GPU); "
+                        "default: one per CPU core on the CPU, the fastest measured there, and 1 on a GPU")
     p.add_argument("--threads", type=int, default=None, metavar="T",
                    help="torch threads per run (default: 1 per run with --jobs above 1, else torch's default)")
     return p
@@ -61,9 +63,13 @@ def main(args: Mapping[str, Any]) -> int:
         base, grid, seeds = load_grid_file(args["grid"])
         # the --config file under the grid file's base, under the Config flags typed
         base = {**args.get("base_file", {}), **base, **args.get("base_flags", {})}
+        jobs = args.get("jobs")
+        if jobs is None:  # the grid may vary the device: one run at a time if any run is on a GPU
+            devices = list(grid.get("device") or []) or [base.get("device", "auto")]
+            jobs = min(default_jobs(str(d)) for d in devices)
         with _sigterm_as_interrupt():
             df = run_sweep(base, grid, seeds, args["root"], progress=not args.get("no_progress", False),
-                           retry_failed=args.get("retry_failed", False), jobs=args.get("jobs", 1),
+                           retry_failed=args.get("retry_failed", False), jobs=jobs,
                            threads=args.get("threads"))
     except FeddrKitError as err:  # a lost process is 1 (WorkerLostError), a full disk 3, bad input 2
         return report(err)

@@ -95,6 +95,25 @@ def run_each(fn: Callable[[Any, Emit, Any], Any], items: Sequence[Any], jobs: in
         _in_processes(fn, items, min(jobs, len(items)), threads, setup, setup_args, on_event, on_result)
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system tells it, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
+def default_jobs(device: str) -> int:
+    """The runs a command-line sweep does at once when ``--jobs`` is not given, for its runs' ``device``
+    (``"auto"``, ``"cpu"`` or ``"cuda"``): on the CPU one per usable core, each on one torch thread; on a GPU 1.
+
+    On the CPU that is the fastest setting measured (``results/drift_probe_timing.csv``, 2 cores): two one-thread
+    runs side by side each kept the pace of one alone, while one run on two threads went only about 1.4 times
+    as fast as on one. One process holds a GPU's work already."""
+    on_gpu = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return 1 if on_gpu else usable_cores()
+
+
 def check_jobs(jobs: Any, threads: Any = None) -> None:
     """One-line :class:`FeddrKitError` unless ``jobs`` is an integer >= 1 and ``threads`` None or one."""
     for name, value in (("jobs", jobs), ("threads", threads)):
