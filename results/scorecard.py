@@ -28,12 +28,25 @@ from a figure, or in words, has none, and neither has a row that measures someth
 column holds the paper-scale runs: rows of the CSVs in ``results/paper_scale/``, matched to a claim by
 chapter, claim and setting; "not run" until there is one.
 
+Chapters 04 (section 6) and 05 (section 7) also show the drift probe's comparisons, after their claims
+tables: ``results/drift_probe.py`` (pre-registered in its docstring; report ``docs/drift.md``) at shard
+s = 2 for 80 rounds, ``cnn_bn`` and ``cnn_nobn`` each at one and five local epochs. The scorecard reads them
+as those cells do, through ``results/drift_report.py`` from ``results/drift_probe.csv``, and keeps a
+comparison only once every cell it reads has its verdict seeds in (:func:`probe_claims`), so no row carries
+a verdict from a cell still running. Each row goes to the chapter that shows it (the chapter's
+``CLAIMS_SHOWN`` line) and passes the same filter as the chapters' own rows: C1 (FedDr+ against FedAvg) is
+the paper's claim, C2 and C3 (against the β-scaled control) the course's own tests, and C4 and C5, which
+``drift_report`` labels chapter hypotheses, are left to ``docs/drift.md`` as every chapter's hypotheses are.
+
     PYTHONPATH=. python results/scorecard.py            # rewrite docs/scorecard.md (a minute or two)
     PYTHONPATH=. python results/scorecard.py --check    # exit 1 when docs/scorecard.md is not what it would write
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
+import importlib.util
 import json
 import os
 import re
@@ -48,6 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 OUT = REPO / "docs" / "scorecard.md"
 PAPER_SCALE = REPO / "results" / "paper_scale"
+DRIFT_REPORT = REPO / "results" / "drift_report.py"
 
 # chapter -> (a line that starts the cell holding its claims, the expression giving the claims table); a tuple
 # of lines instead names the only cells to run (chapter 00 trains live before its table, which needs none of it)
@@ -92,6 +106,82 @@ def chapter_claims(chapter: str, marker: str | tuple[str, ...], expression: str)
     return pd.DataFrame(json.loads(line[len("CLAIMS "):])).reindex(columns=wanted).assign(chapter=chapter)
 
 
+# --------------------------------------------------------------------------- the drift probe
+PROBE_LABEL = "drift probe"  # how a probe row's setting starts
+
+
+@functools.cache
+def drift_report():
+    """``results/drift_report.py`` as a module: the probe's claims, cells and CSV, as chapters 04 and 05 read
+    them (it loads the probe's design from ``results/drift_probe.py``)."""
+    spec = importlib.util.spec_from_file_location("drift_report", DRIFT_REPORT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def probe_shown(chapter: str) -> tuple[str, ...]:
+    """The probe comparisons ``notebooks/<chapter>.ipynb`` shows, from its ``CLAIMS_SHOWN = ("C2", "C3")``
+    line; () for a chapter without one."""
+    for cell in nbformat.read(NOTEBOOKS / f"{chapter}.ipynb", as_version=4).cells:
+        if cell.cell_type == "code":
+            for line in cell.source.splitlines():
+                if line.startswith("CLAIMS_SHOWN = "):
+                    return tuple(ast.literal_eval(line.partition("=")[2].strip()))
+    return ()
+
+
+def probe_cells(setting: str, cells: list[str]) -> list[str]:
+    """The cells (of ``cells``, the probe's labels such as "cnn_bn, E = 1") a probe claim reads, from its setting:
+    a cell's label names that cell, a model ("cnn_bn") or a number of epochs ("E = 5") every cell with it (C4
+    and C5 compare two cells). What follows a colon (the method without a working lr) names none."""
+    where = setting.split(":")[0]
+    read = [c for c in cells if where == c or where in c.split(", ")]
+    if not read:
+        raise ValueError(f"the probe claim's setting {setting!r} names none of its cells {cells}")
+    return read
+
+
+def probe_claims(table: pd.DataFrame) -> list:
+    """The probe's comparisons (``drift_report.claims``, as ``fk.stats.Claim``) every cell of which has its
+    verdict seeds in (``drift_report.complete_cells``): a claim that also reads a cell still running (C4 and
+    C5 read two) is left out, so no verdict rests on seeds that are not all in."""
+    dr = drift_report()
+    done = set(dr.complete_cells(table))
+    labels = [dr.cell_label(*cell) for cell in dr.PROBE.CELLS]
+    return [c for c in dr.claims(table) if set(probe_cells(c.setting, labels)) <= done]
+
+
+def probe_tables(table: pd.DataFrame, chapters=tuple(CHAPTERS)) -> dict[str, pd.DataFrame]:
+    """Per chapter that shows some of them, the claims table of the probe's comparisons it shows
+    (:func:`probe_shown`) among those whose cells are in (:func:`probe_claims`), each setting written
+    "drift probe, <cell> (CIFAR-10 s=2, 80 rounds × 10 clients)"; a chapter with no such row is left out."""
+    import feddr_kit as fk
+
+    base = drift_report().PROBE.BASE
+    scale = f"CIFAR-10 s={base['shards_per_client']}, {base['rounds']} rounds × {base['clients_per_round']} clients"
+    claims, out = probe_claims(table), {}
+    for chapter in chapters:
+        shown = probe_shown(chapter)
+        rows = fk.stats.claims_table([c for c in claims if shown and c.claim.startswith(shown)])
+        if len(rows):
+            where = rows["setting"].str.split(":").str[0]
+            rows["setting"] = [f"{PROBE_LABEL}, {w} ({scale}){full[len(w):]}" for w, full in zip(where, rows["setting"])]
+            out[chapter] = rows.assign(chapter=chapter)
+    return out
+
+
+def probe_status(done: list[str]) -> str:
+    """Which of the probe's cells have their verdict seeds in, as the page's sentence."""
+    cells = [drift_report().cell_label(*cell) for cell in drift_report().PROBE.CELLS]
+    if not done:
+        return (f"None of the probe's {len(cells)} cells has all its verdict seeds in yet, so it has no row here; "
+                "`docs/drift.md` shows how far each has come.")
+    verb = "has all its" if len(done) == 1 else "have all their"
+    return (f"{len(done)} of the probe's {len(cells)} cells {verb} verdict seeds in ({'; '.join(done)}); "
+            "the others have no row.")
+
+
 # --------------------------------------------------------------------------- sources
 # Rows a chapter credits to the paper whose claim the paper does not state: (chapter, pattern searched in
 # "claim | setting", the source column's text, the paper's-number cell). The paper tunes each algorithm's
@@ -102,6 +192,9 @@ OWN_TESTS = [
      "none: the course's own test (the paper tunes each algorithm's lr, `appsubsec:grid_search`)"),
     ("04_feature_distillation", r", vs control \|", "course: against the β-scaled control (DR at lr × β)",
      "none: the paper has no β-scaled control"),
+    # the drift probe's C2 and C3, which chapter 04 shows: FedDr+ against the same control, cell by cell
+    ("04_feature_distillation", r"^C[23]: .*\bcontrol\b.* \| drift probe, ",
+     "course: against the β-scaled control (DR at lr × β)", "none: the paper has no β-scaled control"),
     ("07_sensitivity", r"^(feddr\+|fedavg): participation ", "course: the paper says it of FedBABU and SphereFed",
      "none: the paper's figure has FedBABU and SphereFed gaining with participation (*Sensitivity Analysis*), "
      "not FedDr+ or FedAvg"),
@@ -151,6 +244,10 @@ FIGURE = "none: a figure (`{}`)"
 PER_CLIENT_GAIN_VS_TEST_ACC = ("none: this gain is over the global model scored on each client's own test batches; "
                                "the paper's global number at {} (`apptab:pfl_acc`) is its accuracy on the global test "
                                "set, which the mixed-batch row compares like for like")
+
+
+# "FedDr+ beats X" (chapters 00 and 05); the drift probe's C1, which chapter 05 shows, is the same claim at s=2
+BEATS = r"(?:C1: )?FedDr\+ beats (\w+)"
 
 
 def _pp(x: float) -> str:
@@ -244,7 +341,7 @@ def paper_number(chapter: str, claim: str, setting: str) -> str:
             return FIGURE.format("fig:comparison")
         return FIGURE.format("fig:feature_dynamic_change")
     if chapter == "05_nine_algorithms":
-        m = re.match(r"FedDr\+ beats (\w+)", claim)
+        m = re.match(BEATS, claim)
         other = by_name.get(m[1].lower()) if m else None
         if other == "dr":
             return synergy([("dr", "fd", 1), ("dr", "none", -1)]) + "; DR is not in `tab:gfl_acc_all`"
@@ -384,7 +481,7 @@ def paper_scale_result(chapter: str, claim: str, setting: str, runs: pd.DataFram
     "+1.2 ± 0.4 pp, held (n=3)" from the runs of its setting, or "not run" while a side has no run."""
     import feddr_kit as fk
 
-    m = re.match(r"FedDr\+ beats (\w+)", claim)
+    m = re.match(BEATS, claim)
     col = _setting(setting)
     if chapter not in ("00_quickstart", "05_nine_algorithms") or not m or col is None or runs.empty:
         return "not run"
@@ -482,6 +579,22 @@ INTRO = [
     "that row could tell from zero (to hold, a difference must clear it and the margin); where it is wider "
     "than the effect the paper reports, a tie was the only outcome the paper's effect could have given here.",
 ]
+PROBE_INTRO = (
+    "The rows whose setting starts \"drift probe\" come from the drift probe (`results/drift_probe.py`, "
+    "pre-registered before its first run; its report is `docs/drift.md`), which chapters 04 (section 6) and 05 "
+    "(section 7) show after their claims tables: FedDr+, FedAvg and the β-scaled control at shard s = 2 for 80 "
+    "rounds, in four cells that cross `cnn_bn` with `cnn_nobn` (the same network without BatchNorm) and one local "
+    "epoch with five, over seeds 1-3 (seed 0 chose the lrs), with 95 % paired t intervals and a 0.5 pp margin; "
+    "late accuracy is the mean of the last three evaluations. Each row sits under the chapter that shows it: C1, "
+    "FedDr+ against FedAvg in late accuracy, is the paper's claim (chapter 05; the paper's number is its s=2 "
+    "result, with VGG-11, which has no BatchNorm, and ten local epochs); C2 and C3, FedDr+ against the β-scaled "
+    "control in late accuracy and in the local models' accuracy on their unseen classes, are the course's own "
+    "tests (chapter 04). C4 and C5 (FedAvg's drift at five epochs against one, and whether five epochs or "
+    "removing BatchNorm widens C1's gap) are the probe's own hypotheses and, like every chapter's hypotheses, are "
+    "left to `docs/drift.md`. A cell's rows appear once all its verdict seeds are in, and never before: a "
+    "comparison that reads a cell still running has no row, and one that needs a method the lr rule found no "
+    "working lr for is untestable and, like every untestable row, left out."
+)
 TABLE = ["#", "chapter", "claim", "source", "setting", "n", "effect ± 95 % interval", "margin", "verdict", "baseline",
          "detectable", "the paper's number", "paper scale"]
 
@@ -494,12 +607,14 @@ def _cells(r: dict) -> list[str]:
     return [str(c).replace("|", "\\|") for c in cells]
 
 
-def markdown(rows: pd.DataFrame) -> str:
-    """The scorecard page: how to read it, the count of distinct comparisons and their verdicts, the table."""
+def markdown(rows: pd.DataFrame, probe_done: list[str] | None = None) -> str:
+    """The scorecard page: how to read it, which of the drift probe's cells are in (``probe_done``, their labels;
+    not said when None), the count of distinct comparisons and their verdicts, the table."""
     lines = ["# Scorecard: the paper's claims at the teaching scale", "",
              "<!-- written by results/scorecard.py from the chapters' claims tables: do not edit by hand -->", ""]
     for paragraph in INTRO:
         lines += [paragraph, ""]
+    lines += [PROBE_INTRO if probe_done is None else f"{PROBE_INTRO} {probe_status(probe_done)}", ""]
     lines += [summary(rows), "", "| " + " | ".join(TABLE) + " |", "|" + "---|" * len(TABLE)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows.to_dict("records")]
     return "\n".join(lines) + "\n"
@@ -509,8 +624,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare with docs/scorecard.md instead of writing it")
     args = parser.parse_args()
-    rows = scorecard({ch: chapter_claims(ch, *how) for ch, how in CHAPTERS.items()})
-    page = markdown(rows)
+    probe = drift_report().load()
+    extra = probe_tables(probe)  # each after its chapter's own rows, as the chapter shows them
+    rows = scorecard({ch: pd.concat([chapter_claims(ch, *how), extra.get(ch)], ignore_index=True)
+                      for ch, how in CHAPTERS.items()})
+    page = markdown(rows, probe_done=drift_report().complete_cells(probe))
     if args.check:
         same = OUT.is_file() and OUT.read_text() == page
         print("docs/scorecard.md is up to date" if same else "docs/scorecard.md differs from what the chapters give: "

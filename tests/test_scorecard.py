@@ -278,3 +278,130 @@ def test_the_page_folds_and_labels_the_named_rows():
     n = len(page)
     text = (REPO / "docs" / "scorecard.md").read_text()
     assert f"In all, {n} rows and {n - 9} distinct comparisons: 9 rows repeat another" in text
+
+
+# --------------------------------------------------------------------------- the drift probe's rows
+PROBE_CSV_COLUMNS = ["model", "local_epochs", "method", "lr", "seed", "role", "status", "final_acc", "late_acc",
+                     "weight_change", "acc_unobs", "align_unobs", "forgetting_unobs", "grad_ratio_features",
+                     "feature_norm", "sec_per_round", "total_seconds", "machine"]
+PROBE_SCALE = "(CIFAR-10 s=2, 80 rounds × 10 clients)"
+
+
+def _probe_csv(path: Path, cells: dict[tuple[str, int], tuple[int, ...]], drop: tuple = ()) -> pd.DataFrame:
+    """A table shaped like results/drift_probe.csv (written to ``path`` and read back as drift_report reads it):
+    each cell's verdict runs of the three methods at the seeds given, less the (model, E, method, seed) in
+    ``drop``. Fake values: FedDr+ about 3 pp above FedAvg in late accuracy (C1 holds), within ±1 pp of the
+    control (C2 ties) and about 5.5 pp below it on unseen classes (C3 does not hold); five epochs drift more."""
+    rows = []
+    for (model, epochs), seeds in cells.items():
+        for seed in seeds:
+            fedavg = 0.40 + 0.01 * seed
+            feddr = fedavg + (0.030, 0.032, 0.031)[seed - 1]
+            late = {"fedavg": fedavg, "feddr+": feddr, "control": feddr - (0.01, -0.01, 0.002)[seed - 1]}
+            unobs = {"fedavg": 0.05, "feddr+": 0.10, "control": 0.10 + (0.05, 0.06, 0.055)[seed - 1]}
+            for method in ("feddr+", "fedavg", "control"):
+                if (model, epochs, method, seed) in drop:
+                    continue
+                rows.append({"model": model, "local_epochs": epochs, "method": method, "lr": 1.0, "seed": seed,
+                             "role": "evaluation", "status": "done", "final_acc": late[method], "late_acc": late[method],
+                             "weight_change": 0.05 * epochs + 0.001 * seed, "acc_unobs": unobs[method],
+                             "align_unobs": 0.1, "forgetting_unobs": 0.2 + 0.02 * epochs + 0.001 * seed,
+                             "grad_ratio_features": 0.01 if method == "feddr+" else float("nan"), "feature_norm": 5.0,
+                             "sec_per_round": 5.0, "total_seconds": 400.0, "machine": "test"})
+    pd.DataFrame(rows, columns=PROBE_CSV_COLUMNS).to_csv(path / "drift_probe.csv", index=False)
+    return sc.drift_report().load(path / "drift_probe.csv")
+
+
+@pytest.fixture
+def probe_decided(monkeypatch):
+    """Every lr of the probe chosen and training, so that which cells are in follows from the fake table alone
+    (the real lr rule reads the probe's run folders, which the running probe changes)."""
+    probe = sc.drift_report().PROBE
+    monkeypatch.setattr(probe, "chosen_lr", lambda method, model, epochs: 1.0)
+    monkeypatch.setattr(probe, "trains", lambda method, model, epochs: True)
+    return sc.drift_report()
+
+
+BN1 = ("cnn_bn", 1)
+
+
+def test_a_probe_cell_with_its_seeds_in_gives_its_rows_with_the_claims_verdicts(tmp_path, probe_decided):
+    """A complete cell's C1 goes under chapter 05 as the paper's claim, with the paper's s=2 number; its C2 and
+    C3 under chapter 04 as the course's own tests; each with drift_report's value and verdict; the page counts
+    them and says which cell is in."""
+    dr = probe_decided
+    table = _probe_csv(tmp_path, {BN1: (1, 2, 3)})
+    assert dr.complete_cells(table) == ["cnn_bn, E = 1"]
+    rows = sc.scorecard(sc.probe_tables(table), scale=sc.paper_scale_rows(tmp_path))
+    want = {c.claim: c for c in dr.claims(table) if c.setting == "cnn_bn, E = 1"}
+    assert [(c[:2], ch[:2]) for c, ch in zip(rows["claim"], rows["chapter"])] == [("C2", "04"), ("C3", "04"), ("C1", "05")]
+    for r in rows.to_dict("records"):
+        assert (r["value ± interval"], r["verdict"], r["seeds"]) == (
+            want[r["claim"]].row()["value ± interval"], want[r["claim"]].verdict, "seeds 1, 2, 3")
+        assert r["setting"] == f"drift probe, cnn_bn, E = 1 {PROBE_SCALE}"
+    assert list(rows["verdict"]) == [fk.stats.TIE, fk.stats.NOT_HELD, fk.stats.HELD]
+    assert list(rows["source"]) == ["course: against the β-scaled control (DR at lr × β)"] * 2 + ["paper"]
+    assert list(rows["paper"]) == ["none: the paper has no β-scaled control"] * 2 + [
+        "+4.49 pp (FedDr+ 76.57 vs FedAvg 72.08; VGG-11, CIFAR-10 s=2, `tab:gfl_acc_all`)"]  # the paper's s=2 column
+    assert list(rows["#"]) == [1, 2, 3] and (rows["folded"] == "").all() and (rows["baseline"] == "—").all()
+    assert rows.loc[2, "detectable"] == f"{100 * want[rows.loc[2, 'claim']].diff.half_width:.1f} pp"
+    page = sc.markdown(rows, probe_done=dr.complete_cells(table))
+    assert ("In all, 3 rows and 3 distinct comparisons. Of the 3, 1 test the paper's claims (1 held) and 2 the "
+            "course's own tests (1 did not hold, 1 tie (zero inside the interval)).") in page
+    assert "1 of the probe's 4 cells has all its verdict seeds in (cnn_bn, E = 1)" in page
+    assert "| 3 | 05 | C1: FedDr+ beats FedAvg (late accuracy) | paper | drift probe, cnn_bn, E = 1 " in page
+
+
+def test_a_probe_cell_still_running_gives_no_row(tmp_path, probe_decided):
+    """With one run of the cell missing (the control at seed 3), no row of it appears, though drift_report
+    already gives C1 (whose runs are all in) a verdict and C2, C3 one over two seeds."""
+    dr = probe_decided
+    table = _probe_csv(tmp_path, {BN1: (1, 2, 3)}, drop=[("cnn_bn", 1, "control", 3)])
+    assert dr.complete_cells(table) == []
+    early = [c.verdict for c in dr.claims(table) if c.setting == "cnn_bn, E = 1"]
+    assert early[0] == fk.stats.HELD and fk.stats.UNTESTABLE not in early  # what a row would wrongly carry
+    assert sc.probe_claims(table) == [] and sc.probe_tables(table) == {}
+    rows = sc.scorecard({"05_nine_algorithms": _table("05_nine_algorithms", [
+        ("FedDr+ beats FedAvg", "paper", "s=2, 120 rounds", [0.01, 0.02, 0.03])]), **sc.probe_tables(table)},
+        scale=sc.paper_scale_rows(tmp_path))
+    assert list(rows["claim"]) == ["FedDr+ beats FedAvg"]
+    page = sc.markdown(rows, probe_done=dr.complete_cells(table))
+    assert "None of the probe's 4 cells has all its verdict seeds in yet, so it has no row here" in page
+    assert "drift probe, cnn_bn" not in page.split("| # |")[1]
+
+
+def test_a_probe_claim_over_two_cells_needs_both(tmp_path, probe_decided):
+    """C4 and C5 compare two cells: they count only once both are in. (cnn_bn, E = 1) and (cnn_bn, E = 5) in
+    give C4 and C5's epochs effect for cnn_bn, not C5's BatchNorm effect at E = 1 while (cnn_nobn, E = 1) runs;
+    with (cnn_bn, E = 5) one run short, none of them. They are the probe's hypotheses, so never on the page."""
+    dr = probe_decided
+    cells = {BN1: (1, 2, 3), ("cnn_bn", 5): (1, 2, 3), ("cnn_nobn", 1): (1, 2)}
+    table = _probe_csv(tmp_path, cells)
+    assert dr.complete_cells(table) == ["cnn_bn, E = 1", "cnn_bn, E = 5"]
+    two_cells = [(c.claim[:2], c.setting) for c in sc.probe_claims(table) if c.claim.startswith(("C4", "C5"))]
+    assert two_cells == [("C4", "cnn_bn")] * 2 + [("C5", "cnn_bn")]
+    table = _probe_csv(tmp_path, cells, drop=[("cnn_bn", 5, "fedavg", 2)])
+    assert dr.complete_cells(table) == ["cnn_bn, E = 1"]
+    assert [c.setting for c in sc.probe_claims(table)] == ["cnn_bn, E = 1"] * 3
+    table = _probe_csv(tmp_path, cells)
+    rows = sc.scorecard(sc.probe_tables(table), scale=sc.paper_scale_rows(tmp_path))
+    assert sorted(rows["claim"].str[:2]) == ["C1", "C1", "C2", "C2", "C3", "C3"]
+    labels = ["cnn_bn, E = 1", "cnn_nobn, E = 1", "cnn_nobn, E = 5", "cnn_bn, E = 5"]
+    assert sc.probe_cells("cnn_bn", labels) == ["cnn_bn, E = 1", "cnn_bn, E = 5"]
+    assert sc.probe_cells("E = 5", labels) == ["cnn_nobn, E = 5", "cnn_bn, E = 5"]
+    assert sc.probe_cells("cnn_nobn, E = 5: no working lr found by the rule for feddr+", labels) == ["cnn_nobn, E = 5"]
+    with pytest.raises(ValueError, match="names none of its cells"):
+        sc.probe_cells("cnn_bn, E = 10", labels)
+
+
+def test_the_page_shows_the_probe_only_for_cells_in():
+    """On docs/scorecard.md: every drift-probe row is from a cell whose verdict seeds are all in now (a cell that
+    completes after the page was written has none until it is regenerated, which the freshness test catches),
+    under the chapter that shows its comparison."""
+    page = _page_rows()
+    probe = page[page["setting"].str.startswith("drift probe, ")]
+    done = sc.drift_report().complete_cells(sc.drift_report().load())
+    cells = probe["setting"].str.extract(r"^drift probe, (.*) \(CIFAR-10")[0]
+    assert cells.isin(done).all(), (list(cells), done)
+    assert (probe["chapter"] == probe["claim"].str[:2].map({"C1": "05", "C2": "04", "C3": "04"})).all()
+    assert ((probe["source"] == "paper") == probe["claim"].str.startswith("C1")).all()
