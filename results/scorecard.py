@@ -131,25 +131,11 @@ def probe_shown(chapter: str) -> tuple[str, ...]:
     return ()
 
 
-def probe_cells(setting: str, cells: list[str]) -> list[str]:
-    """The cells (of ``cells``, the probe's labels such as "cnn_bn, E = 1") a probe claim reads, from its setting:
-    a cell's label names that cell, a model ("cnn_bn") or a number of epochs ("E = 5") every cell with it (C4
-    and C5 compare two cells). What follows a colon (the method without a working lr) names none."""
-    where = setting.split(":")[0]
-    read = [c for c in cells if where == c or where in c.split(", ")]
-    if not read:
-        raise ValueError(f"the probe claim's setting {setting!r} names none of its cells {cells}")
-    return read
-
-
 def probe_claims(table: pd.DataFrame) -> list:
-    """The probe's comparisons (``drift_report.claims``, as ``fk.stats.Claim``) every cell of which has its
-    verdict seeds in (``drift_report.complete_cells``): a claim that also reads a cell still running (C4 and
-    C5 read two) is left out, so no verdict rests on seeds that are not all in."""
-    dr = drift_report()
-    done = set(dr.complete_cells(table))
-    labels = [dr.cell_label(*cell) for cell in dr.PROBE.CELLS]
-    return [c for c in dr.claims(table) if set(probe_cells(c.setting, labels)) <= done]
+    """The probe's comparisons (as ``fk.stats.Claim``) every cell of which has its verdict seeds in:
+    ``drift_report.decided_claims``, the rows chapters 04 and 05 show, so no verdict rests on seeds that are
+    not all in."""
+    return drift_report().decided_claims(table)
 
 
 def probe_tables(table: pd.DataFrame, chapters=tuple(CHAPTERS)) -> dict[str, pd.DataFrame]:

@@ -27,8 +27,9 @@ def report():
 
 @pytest.fixture(autouse=True)
 def every_lr_trains(report, monkeypatch):
-    """The made-up tables below do not depend on the probe's real run folders: every chosen lr trains."""
+    """The made-up tables below do not depend on the probe's real run folders: every lr is chosen, and trains."""
     monkeypatch.setattr(report.PROBE, "trains", lambda method, model, epochs: True)
+    monkeypatch.setattr(report.PROBE, "chosen_lr", lambda method, model, epochs: 1.0)
 
 
 def made_up_table(report, feddr_lead: dict[tuple[str, int], float]) -> pd.DataFrame:
@@ -80,7 +81,8 @@ def test_missing_seeds_are_untestable_and_the_report_says_so(report, tmp_path):
     table = made_up_table(report, {})
     table = table[~((table["model"] == "cnn_bn") & (table["local_epochs"] == 5) & (table["seed"] > 1))]
     claims = report.claims(table)
-    assert next(c for c in claims if c.setting == report.cell_label("cnn_bn", 5)).verdict == fk.stats.UNTESTABLE
+    assert next(c for c in claims if c.setting == f"{report.cell_label('cnn_bn', 5)}: {report.STILL_RUNNING}").verdict \
+        == fk.stats.UNTESTABLE
     assert report.reading(claims).startswith("Not every cell")
     path = tmp_path / "runs.csv"
     table.to_csv(path, index=False)
@@ -88,6 +90,25 @@ def test_missing_seeds_are_untestable_and_the_report_says_so(report, tmp_path):
     report.main(["--csv", str(path), "--out", str(out)])
     text = out.read_text()
     assert "## The pre-registered comparisons" in text and "untestable here" in text
+
+
+def test_a_comparison_is_read_only_when_every_cell_it_reads_has_its_seeds_in(report):
+    """One seed short in (cnn_bn, E = 5): its own comparisons, and the two-cell ones that read it (C4 for cnn_bn,
+    C5 at E = 5), are untestable and say the seeds are still running, even though two seeds give an interval;
+    every other comparison keeps its verdict, and the decided ones are exactly those."""
+    full = made_up_table(report, {("cnn_nobn", 5): 0.03})
+    short = full[~((full["model"] == "cnn_bn") & (full["local_epochs"] == 5) & (full["seed"] == 3))]
+    assert report.complete_cells(short) == [report.cell_label(*c) for c in report.PROBE.CELLS if c != ("cnn_bn", 5)]
+    running = {(c.claim[:2], c.setting.split(":")[0]) for c in report.claims(short) if report.STILL_RUNNING in c.setting}
+    assert running == {("C1", "cnn_bn, E = 5"), ("C2", "cnn_bn, E = 5"), ("C3", "cnn_bn, E = 5"), ("C4", "cnn_bn"),
+                       ("C5", "cnn_bn"), ("C5", "E = 5")}
+    assert all(c.verdict == fk.stats.UNTESTABLE for c in report.claims(short) if report.STILL_RUNNING in c.setting)
+    decided = report.decided_claims(short)
+    assert len(decided) == sum(report.STILL_RUNNING not in c.setting for c in report.claims(short))
+    assert all(c.verdict != fk.stats.UNTESTABLE for c in decided)
+    assert [(c.claim, c.verdict) for c in report.decided_claims(full)] == [(c.claim, c.verdict) for c in report.claims(full)]
+    c5 = next(c for c in decided if c.claim.startswith("C5: removing") and c.setting == "E = 1")  # both E = 1 cells in
+    assert c5.verdict != fk.stats.UNTESTABLE
 
 
 def test_budget_needs_are_runs_left_times_rounds_times_each_methods_idle_pace(report, monkeypatch):
