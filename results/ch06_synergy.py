@@ -22,9 +22,9 @@ evaluated only after the last round.
 """
 import feddr_kit as fk
 from feddr_kit.methods.base import initial_lr
-from _sweeps import main
+from _sweeps import LAYOUT, main
 
-BASE = {**fk.sweep.TEACHING_SCALE, "eval_every": fk.sweep.TEACHING_SCALE["rounds"], "beta": 0.9}
+BASE = {**fk.sweep.TEACHING_SCALE, **LAYOUT, "eval_every": fk.sweep.TEACHING_SCALE["rounds"], "beta": 0.9}
 SHARD = {"partition": "shard", "shards_per_client": 5}
 METHODS = ["fedavg", "dr"]
 REGULARIZERS = ["none", "prox", "kd", "ntd", "ld", "fd"]

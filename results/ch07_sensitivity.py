@@ -16,9 +16,9 @@ together they would add 17 equivalents). About 52 equivalents in all.
     python results/ch07_sensitivity.py --collect-only
 """
 import feddr_kit as fk
-from _sweeps import main
+from _sweeps import LAYOUT, main
 
-BASE = {**fk.sweep.TEACHING_SCALE, "rounds": 40, "eval_every": 40, "partition": "shard", "shards_per_client": 5}
+BASE = {**fk.sweep.TEACHING_SCALE, **LAYOUT, "rounds": 40, "eval_every": 40, "partition": "shard", "shards_per_client": 5}
 METHODS = ["feddr+", "fedavg"]
 # Each axis is its own setting (a sweep root), so the three grids are not multiplied together.
 SETTINGS = {"beta": {}, "participation": {}, "epochs": {}}

@@ -41,7 +41,7 @@ import torch
 import feddr_kit as fk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sweeps import RESULTS, RUNS, slug  # noqa: E402
+from _sweeps import BASE, RESULTS, RUNS, slug  # noqa: E402
 from ch05_algorithms import GRID as GFL_GRID  # noqa: E402
 from ch05_algorithms import SETTINGS as CH05_SETTINGS  # noqa: E402
 
@@ -82,7 +82,7 @@ def run_item(item, root: Path, gfl_root: Path, data, wait: bool, gfl_run: list[s
     """Run one item unless done; False when it has to wait for chapter 05's run (``wait`` and the
     algorithm not in ``gfl_run``, the ones this script may run into chapter 05's root itself)."""
     kind, setting, seed, what = item
-    base = {**fk.sweep.TEACHING_SCALE, **SETTINGS[setting]}
+    base = {**BASE, **SETTINGS[setting]}  # chapter 05's base (its layout pinned), so its runs are reused
     if kind == "pfl":
         for run in (root / slug(setting) / "pfl").glob(f"algorithm=*__seed={seed}"):
             if (run / "summary.json").exists() and not (run / "clients.csv").exists() and not (run / "checkpoint.pt").exists():

@@ -171,7 +171,7 @@ OUT, HISTORY_OUT = RESULTS / "drift_probe.csv", RESULTS / "drift_probe_history.c
 
 BASE = {"dataset": "cifar10", "partition": "shard", "shards_per_client": 2, "num_clients": 100,
         "clients_per_round": 10, "batch_size": 50, "rounds": 80, "eval_every": 10, "probes": True,
-        "beta": 0.9, "checkpoint_every": 10}
+        "beta": 0.9, "checkpoint_every": 10, "channels_last": False}
 CELLS = [("cnn_bn", 1), ("cnn_nobn", 1), ("cnn_nobn", 5), ("cnn_bn", 5)]  # the amended order: cheapest first, cut last first
 TUNED = ["feddr+", "fedavg"]
 METHODS = [*TUNED, "control"]

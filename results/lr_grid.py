@@ -61,7 +61,8 @@ def main(points: list[str], seed: int = 0) -> None:
     for item in points:  # "name" for its whole grid, or "name=lr" for one point
         algorithm, _, one = item.partition("=")
         for lr in [float(one)] if one else GRIDS[algorithm]:
-            cfg = fk.Config(algorithm=algorithm, lr=lr, seed=seed, progress=False)
+            # channels_last: the committed grid's layout (NCHW), so a rerun reproduces it bit for bit
+            cfg = fk.Config(algorithm=algorithm, lr=lr, seed=seed, progress=False, channels_last=False)
             row = {"algorithm": algorithm, "lr": lr, "seed": seed, "model": cfg.model, "rounds": cfg.rounds,
                    "local_epochs": cfg.local_epochs, "shards_per_client": cfg.shards_per_client}
             if done(row):

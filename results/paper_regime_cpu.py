@@ -42,7 +42,8 @@ SETTINGS = {
     for model, clients, rounds in (("vgg11", 2, 3), ("mobilenet", 3, 5)) for s in (2, 5)
 }
 BASE = dict(dataset="cifar10", algorithm="feddr+", partition="shard", num_clients=100, lr_decay_at=(),
-            eval_every=1, checkpoint_every=1, seed=0, progress=True)
+            eval_every=1, checkpoint_every=1, seed=0, progress=True,
+            channels_last=False)  # the committed runs' layout (NCHW): a rerun reproduces them bit for bit
 
 
 def collect(root: Path) -> pd.DataFrame:

@@ -59,7 +59,8 @@ BASE = dict(
     dataset="synthetic", partition="shard", num_clients=10, shards_per_client=2, alpha=0.3, partition_seed=None,
     model="cnn", regularizer=None, beta=0.9, rounds=2, clients_per_round=3, local_epochs=1, batch_size=8, lr=0.05,
     lr_decay_at=(0.5, 0.75), lr_gamma=0.1, momentum=0.9, weight_decay=1e-5, eval_every=1, probes=False,
-    probe_samples=100, seed=3, device="cpu", engine="serial", deterministic=True, precision="fp32", progress=False,
+    probe_samples=100, seed=3, device="cpu", engine="serial", deterministic=True, precision="fp32", channels_last=False,
+    progress=False,
     checkpoint_every=0, mu=1e-3, tau=1.0, fedexp_eps=1e-3, fedexp_step="fedexp", scaffold_zero_head_grad=False,
     fedrep_head_epochs=1, ditto_lambda=0.75, perfedavg_beta=None, perfedavg_steps="kit", spherefed_calibration=False,
 )
