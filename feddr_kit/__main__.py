@@ -48,6 +48,17 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _parse_bool_or_auto(text: str) -> bool | None:
+    """A ``bool | None`` flag (``--channels-last``): true/false as :func:`_parse_bool`, and auto (or none) for
+    None, the field's "decided by the run" (the help text says what)."""
+    if text.lower() in ("auto", "none"):
+        return None
+    try:
+        return _parse_bool(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected true, false or auto, got {text!r}") from None
+
+
 def _out_dir(text: str) -> str:
     if is_none_word(text):
         raise argparse.ArgumentTypeError("'none' is not taken as a folder name: leave out --out-dir to save "
@@ -87,6 +98,8 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()
             kw.update(type=_out_dir, help=kw["help"] + " (the word none is refused, not taken as a folder name)")
         elif f.name == "regularizer":  # "none" is a regularizer choice (no regularizer), not None
             kw.update(type=str)
+        elif "bool" in hint and "None" in hint:  # --flag alone means true; auto means None
+            kw.update(type=_parse_bool_or_auto, metavar="BOOL|auto", nargs="?", const=True)
         elif "bool" in hint:  # --flag alone means true
             kw.update(type=_parse_bool, metavar="BOOL", nargs="?", const=True)
         elif "tuple" in hint:

@@ -24,7 +24,8 @@ class Run:
     """What a run builds before round 0, the same for :func:`feddr_kit.run` and for the Flower apps, so both start
     from the same bits.
 
-    ``cfg`` with its regularizer decided (:func:`feddr_kit.methods.resolve_regularizer`); ``lr0`` the
+    ``cfg`` with its regularizer decided (:func:`feddr_kit.methods.resolve_regularizer`) and its layout
+    (``channels_last`` True or False: :func:`feddr_kit.engine.resolve_layout`), as the run records it; ``lr0`` the
     schedule's initial lr (:attr:`Algorithm.lr0`); ``model`` the one reusable local model (built right
     after ``torch.manual_seed(cfg.seed)``, the head installed by ``algo.setup``); ``teacher`` a second
     model of the same architecture that holds the round's global model when the algorithm needs it;
@@ -75,10 +76,14 @@ def build_run(cfg: Config, device: torch.device, data: ImageData | None = None,
               partition: Partition | None = None) -> Run:
     """Build a run's data, partition, algorithm, models and initial global state (see :class:`Run`).
 
-    ``data`` / ``partition`` reuse already-loaded ones (checked against ``cfg``).
+    ``data`` / ``partition`` reuse already-loaded ones (checked against ``cfg``). ``cfg.channels_last=None``
+    becomes the layout of the run's engine on ``device`` (:func:`feddr_kit.engine.resolve_layout`); a resume
+    passes the checkpoint's instead (:func:`feddr_kit.federated.open_run`).
     """
     cfg = resolve_regularizer(cfg)
     engine = engine_mod.resolve_engine(cfg.engine, device)
+    if cfg.channels_last is None:  # decided here, once: what engine.py, local.py and the saved config read
+        cfg = cfg.replace(channels_last=engine_mod.resolve_layout(None, engine, device))
     data, part = data_and_partition(cfg, device, data, partition)
     algo, model = build_algorithm(cfg, data, device)
     teacher = build_teacher(cfg.model, data.num_classes, algo, device)

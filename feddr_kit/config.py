@@ -42,8 +42,9 @@ DEVICES = ("auto", "cpu", "cuda")
 ENGINES = ("auto", "serial", "batched")
 PRECISIONS = ("fp32", "bf16")
 # Fields whose None means "decided elsewhere" (regularizer: the algorithm's own; lr: its default for the
-# model; partition_seed: seed; perfedavg_beta: the initial lr); None passes their check.
-OPTIONAL = ("regularizer", "lr", "partition_seed", "perfedavg_beta")
+# model; partition_seed: seed; perfedavg_beta: the initial lr; channels_last: the layout measured faster for the
+# run's engine and device, decided when the run is built); None passes their check.
+OPTIONAL = ("regularizer", "lr", "partition_seed", "perfedavg_beta", "channels_last")
 # Integer fields and their lowest value (num_clients and clients_per_round are checked in validate).
 _INTEGERS = (("shards_per_client", 1), ("partition_seed", 0), ("rounds", 1), ("local_epochs", 1), ("batch_size", 1),
              ("eval_every", 1), ("probe_samples", 1), ("seed", 0), ("checkpoint_every", 0), ("fedrep_head_epochs", 0))
@@ -93,7 +94,7 @@ class Config:
     deterministic: bool = field(default=True, metadata={"help": "deterministic kernels: same seed, same history, on CUDA too (False: faster nondeterministic kernels)"})
     precision: str = field(default="fp32", metadata={"help": "fp32 | bf16: bf16 copies of the fp32 weights for forward/backward (batched engine only)"})
     tf32: bool = field(default=True, metadata={"help": "CUDA: let float32 matmuls and convolutions run on TF32 tensor cores (10-bit mantissa); ignored on CPU, which has none"})
-    channels_last: bool = field(default=False, metadata={"help": "lay out the images and the conv weights channels-last (NHWC), both engines: the same arithmetic in another memory order and summation order; on the CPU the faster layout"})
+    channels_last: bool | None = field(default=None, metadata={"help": "lay out the images and the conv weights channels-last (NHWC), both engines: the same arithmetic in another memory order and summation order. Default auto (None in Python): channels-last for the serial engine on the CPU, where it was measured faster (benchmarks/cpu_step.py), contiguous (NCHW) elsewhere (a GPU, the batched engine: unmeasured; True tries channels-last there). A run records the layout it used; a resume left at auto continues it"})
     fused_sgd: bool = field(default=False, metadata={"help": "batched engine: one fused SGD kernel over the stacked parameters at the steps where every client trains (else foreach ops)"})
     out_dir: str | None = field(default=None, metadata={"help": "folder for config.json, history.csv, summary.json, checkpoint.pt, owned by one run at a time; left out: nothing is saved"})
     overwrite: bool = field(default=False, metadata={"help": "let a fresh run replace the results already in out_dir (without it, such a run is refused)"})
@@ -135,10 +136,13 @@ class Config:
                               ("engine", ENGINES), ("precision", PRECISIONS), ("fedexp_step", FEDEXP_STEPS),
                               ("perfedavg_steps", PERFEDAVG_STEPS)):
             self._choice(name, allowed)
-        for name in ("deterministic", "tf32", "channels_last", "fused_sgd", "probes", "progress", "tensorboard",
+        for name in ("deterministic", "tf32", "fused_sgd", "probes", "progress", "tensorboard",
                      "overwrite", "scaffold_zero_head_grad", "spherefed_calibration"):
             if not isinstance(getattr(self, name), bool):
                 raise FeddrKitError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.channels_last is not None and not isinstance(self.channels_last, bool):
+            raise FeddrKitError(f"channels_last must be True, False or None (auto: channels-last for the serial engine "
+                                f"on the CPU; auto in a config file or on the command line), got {self.channels_last!r}")
         for name in ("data_path", "out_dir"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise FeddrKitError(f"{name} must be a folder path (str or os.PathLike) or None, got {getattr(self, name)!r}")
@@ -295,7 +299,8 @@ def read_file(path: str | os.PathLike) -> dict[str, Any]:
 
     A file is read as the command line reads its flags: a number written as text is that number for a
     numeric field (PyYAML reads ``lr: 1e-3`` as the string ``"1e-3"``: YAML 1.1 floats need a dot), and
-    ``out_dir: none`` is refused like ``--out-dir none`` (:func:`is_none_word`), not taken as a folder.
+    ``out_dir: none`` is refused like ``--out-dir none`` (:func:`is_none_word`), not taken as a folder;
+    ``channels_last: auto`` is None (auto) like ``--channels-last auto``.
     For an integer field a whole number is that integer however it is written (``rounds: 1.0``, ``"1.0"``,
     ``1e1``, JSON's ``1.0``): whether a parser hands over text or a float depends on the spelling alone
     (YAML reads ``1e1`` as text and ``1.0e1`` as a float), and programs that write config files often write
@@ -310,7 +315,16 @@ def read_file(path: str | os.PathLike) -> dict[str, Any]:
     if is_none_word(values.get("out_dir")):
         raise FeddrKitError(f"config file {path}: out_dir: {values['out_dir']!r} is not taken as a folder name: "
                             "leave out_dir out (or null) to save nothing, or write ./none for a folder called none")
-    return {name: _numbers_from_text(name, value) for name, value in values.items()}
+    return {name: _numbers_from_text(name, _auto_word(name, value)) for name, value in values.items()}
+
+
+def _auto_word(name: str, value: Any) -> Any:
+    """None for the word auto or none (any case) given to a ``bool | None`` field (``channels_last: auto``), as
+    the command line reads ``--channels-last auto``; any other value unchanged."""
+    hint = str(_HINTS[name])
+    if "bool" in hint and "None" in hint and isinstance(value, str) and value.strip().lower() in ("auto", "none"):
+        return None
+    return value
 
 
 def is_none_word(value: Any) -> bool:

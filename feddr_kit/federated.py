@@ -162,7 +162,8 @@ def open_run(cfg: Config, *, resume: bool = False, data: ImageData | None = None
     Under the config's kernel settings (:func:`feddr_kit.engine.kernel_settings`): the regularizer is
     decided (:func:`feddr_kit.methods.resolve_regularizer`), ``out_dir`` (when set) is owned
     (:func:`feddr_kit.rundir.claim`; ``claim=False`` when the caller owns it, as ``flower.simulate``
-    does for its ServerApp) and, with ``resume``, its checkpoint is read; then :func:`build_run`.
+    does for its ServerApp) and, with ``resume``, its checkpoint is read (a ``channels_last=None`` takes the
+    checkpoint's layout: :func:`feddr_kit.rundir.continued`); then :func:`build_run`.
     A :class:`DivergedError` from the rounds gets the way on appended (:func:`diverged_advice`).
     """
     cfg = resolve_regularizer(cfg)
@@ -178,6 +179,9 @@ def open_run(cfg: Config, *, resume: bool = False, data: ImageData | None = None
         if resume:
             checkpoint = rundir.read_checkpoint(out_dir, cfg, ALGORITHMS[cfg.algorithm].regularizer_for(None),
                                                 _default_lr(cfg))
+            # channels_last=None continues the checkpoint's layout, not this machine's choice: build_run lays
+            # the model out before the checkpoint's state is loaded into it.
+            cfg = cfg.replace(**rundir.continued(checkpoint, cfg.to_dict()))
         try:
             yield RoundLog(build_run(cfg, device, data, partition), out_dir, callback, checkpoint)
         except DivergedError as err:

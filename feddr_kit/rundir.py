@@ -56,6 +56,13 @@ CHECKPOINT_KEYS = ("next_round", "config", "global_state", "algorithm_state", "h
 # Fields that may differ between a run and its resumption. rounds and lr change the results from the
 # resumed round on (the schedule is recomputed; a smaller lr is the way on after a divergence).
 RESUMABLE_CHANGES = {"rounds", "lr", "progress", "tensorboard", "out_dir", "overwrite", "checkpoint_every", "device"}
+# Fields whose Config default has changed: the value a saved config (a checkpoint's, a config.json, a sweep's
+# point.json or base) that leaves one out was run with. channels_last was False (NCHW) until its default became
+# None (auto), and a run always records the layout it used, so a saved config without it is NCHW.
+FORMER_DEFAULTS = {"channels_last": False}
+# Fields whose None in a resuming config means "as the checkpoint ran": channels_last=None (auto) continues the
+# layout the run chose when it started, on whatever machine it resumes; a True or False must equal it.
+CONTINUED_WHEN_NONE = ("channels_last",)
 
 
 def _umask() -> int:
@@ -379,7 +386,9 @@ def read_checkpoint(out_dir: Path, cfg, default_regularizer: str, default_lr: fl
     """Read ``out_dir/checkpoint.pt`` for a resume of ``cfg`` and check that ``cfg`` may continue it.
 
     Raises :class:`FeddrKitError` (one line, the file left in place) when it is missing, unreadable
-    or of another :data:`CHECKPOINT_VERSION`, when a field outside :data:`RESUMABLE_CHANGES` differs,
+    or of another :data:`CHECKPOINT_VERSION`, when a field outside :data:`RESUMABLE_CHANGES` differs
+    (a field of :data:`CONTINUED_WHEN_NONE` that ``cfg`` leaves at None takes the checkpoint's value:
+    :func:`continued`; one the checkpoint's config lacks is compared at :data:`FORMER_DEFAULTS`),
     or when ``cfg.rounds`` is below the rounds already done. A changed ``rounds`` or ``lr`` is
     announced with a warning. ``default_regularizer``: the regularizer ``cfg.algorithm`` uses when none
     is named, which is what a checkpoint that recorded ``regularizer=None`` (older versions) used;
@@ -393,10 +402,10 @@ def read_checkpoint(out_dir: Path, cfg, default_regularizer: str, default_lr: fl
     if ckpt.get("version") != CHECKPOINT_VERSION:
         raise FeddrKitError(f"resume: {path} is a checkpoint of version {ckpt.get('version')!r}, but this feddr_kit "
                             f"reads version {CHECKPOINT_VERSION}; resume it with the feddr_kit that wrote it")
-    saved = dict(ckpt["config"])
+    saved = {**FORMER_DEFAULTS, **ckpt["config"]}
     if saved.get("regularizer") is None:
         saved["regularizer"] = default_regularizer
-    refused = refused_changes(saved, cfg.to_dict())
+    refused = refused_changes(saved, {**cfg.to_dict(), **continued(ckpt, cfg.to_dict())})
     if refused:
         raise FeddrKitError(f"resume: {len(refused)} config field(s) differ from the checkpoint's (saved -> asked): "
                             f"{'; '.join(refused)}; only {', '.join(sorted(RESUMABLE_CHANGES))} may change on resume")
@@ -410,6 +419,14 @@ def read_checkpoint(out_dir: Path, cfg, default_regularizer: str, default_lr: fl
     if old_lr != new_lr:
         warnings.warn(f"resuming with lr={new_lr} instead of {old_lr} from round {done + 1} on", stacklevel=5)
     return ckpt
+
+
+def continued(ckpt: dict, wanted: dict) -> dict[str, Any]:
+    """The fields of :data:`CONTINUED_WHEN_NONE` that the resuming config ``wanted`` (a dict) leaves at None, with
+    the values the checkpoint ``ckpt`` ran with (:data:`FORMER_DEFAULTS` where its config has none): what the
+    resumed run must use to continue it bit for bit (``{"channels_last": False}`` for an NCHW checkpoint)."""
+    saved = {**FORMER_DEFAULTS, **ckpt["config"]}
+    return {name: saved[name] for name in CONTINUED_WHEN_NONE if wanted.get(name) is None}
 
 
 def refused_changes(saved: dict, wanted: dict) -> list[str]:

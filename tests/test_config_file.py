@@ -52,3 +52,20 @@ def test_out_dir_none_in_a_config_file_is_refused_like_the_flag(tmp_path, monkey
 
 def test_out_dir_null_in_a_config_file_saves_nothing(tmp_path):
     assert config_from(tmp_path, "out_dir: null\n").out_dir is None
+
+
+def test_channels_last_auto_reads_as_none_from_the_flags_and_from_a_file(tmp_path):
+    """``channels_last`` is True, False or None (auto, the default): the command line and a config file both say
+    auto for None, and anything else is one line naming the field."""
+    def flag(*typed: str):
+        return vars(build_parser().parse_args(["run", *typed]))["channels_last"]
+
+    assert [flag(), flag("--channels-last"), flag("--channels-last", "false"), flag("--channels-last", "Auto")] == [
+        None, True, False, None]
+    assert [config_from(tmp_path, f"channels_last: {word}\n").channels_last
+            for word in ("auto", "null", "false", "true")] == [None, None, False, True]
+    assert config_from(tmp_path, '{"channels_last": "auto"}', "run.json").channels_last is None
+    with pytest.raises(FeddrKitError, match="^channels_last must be True, False or None"):
+        config_from(tmp_path, "channels_last: sometimes\n")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--channels-last", "sometimes"])

@@ -10,6 +10,7 @@ its outputs by ~1e-3; its cases run in float64, where the two engines agree to ~
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -321,11 +322,11 @@ def test_fused_sgd_needs_the_batched_engine(data):
 @pytest.mark.parametrize("model,algorithm", [("cnn", "feddr+"), ("cnn", "scaffold"), ("cnn_nobn", "fedavg"),
                                              ("cnn_bn", "feddr+")])
 def test_serial_channels_last_is_the_same_arithmetic(data, model, algorithm, monkeypatch, float64):
-    """The serial engine laid out channels-last against its default layout, one round in float64 to 1e-9: only the
+    """The serial engine laid out channels-last against the contiguous layout, one round in float64 to 1e-9: only the
     order of the convolutions' sums differs. (In float32 that reassociation, ~1e-7 a step, grows to ~5e-4 in the
     weights over this round's steps at lr 0.05, so float32 could not tell it from a wrong gradient.) A spy on the local step sees the layout
     really change: channels-last images reach the model, whose conv weights (and the FedDr+ teacher's) are
-    channels-last; the default run sees neither."""
+    channels-last; the contiguous run sees neither."""
     seen = []
 
     def spy(model, teacher, algo, opt, x, y, ctx, _step=fk.local.local_step):
@@ -338,12 +339,80 @@ def test_serial_channels_last_is_the_same_arithmetic(data, model, algorithm, mon
 
     monkeypatch.setattr(fk.local, "local_step", spy)
     cfg = fk.Config(**{**BASE, "model": model, "algorithm": algorithm, "rounds": 1})
-    plain = fk.run(cfg, data=data, engine="serial")
+    plain = fk.run(cfg, data=data, engine="serial", channels_last=False)
     assert seen and not any(seen)
     seen.clear()
     laid_out = fk.run(cfg, data=data, engine="serial", channels_last=True)
     assert seen and all(seen)
     assert_same_round(plain, laid_out, tol=1e-9)
+
+
+def test_auto_layout_is_channels_last_for_the_serial_engine_on_the_cpu_and_contiguous_otherwise(data, tmp_path):
+    """``channels_last=None`` (the default) is decided once, when the run is built: channels-last where it was measured
+    faster (the serial engine on the CPU), contiguous elsewhere. The run then holds, returns and saves the bool."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [engine.resolve_layout(None, e, d) for e in ("serial", "batched") for d in (cpu, cuda)] == [True, False,
+                                                                                                        False, False]
+    assert engine.resolve_layout(False, "serial", cpu) is False and engine.resolve_layout(True, "batched", cuda) is True
+    cfg = fk.Config(**{**BASE, "rounds": 1})
+    assert cfg.channels_last is None
+    assert fk.federated.build_run(cfg, cpu, data).cfg.channels_last is True  # engine auto: serial on the CPU
+    for engine_name, laid_out in (("serial", True), ("batched", False)):
+        folder = tmp_path / engine_name
+        result = fk.run(cfg, data=data, engine=engine_name, out_dir=str(folder))
+        assert result.config.channels_last is laid_out
+        assert engine._laid_out_channels_last(result.model) is laid_out  # the batched engine lays out its own stacks
+        assert json.loads((folder / "config.json").read_text())["channels_last"] is laid_out
+        assert torch.load(folder / "checkpoint.pt", weights_only=False)["config"]["channels_last"] is laid_out
+
+
+def _interrupted(cfg: fk.Config, data, folder, recorded: str) -> None:
+    """Run ``cfg`` into ``folder`` until its round-2 evaluation (its checkpoint holds round 1); ``recorded="absent"``
+    takes channels_last out of the checkpoint's config, as a checkpoint written before the field's default changed."""
+    def stop_at_two(row):
+        if row["round"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fk.run(cfg.replace(out_dir=str(folder)), data=data, callback=stop_at_two)
+    if recorded == "absent":
+        ckpt = torch.load(folder / "checkpoint.pt", weights_only=False)
+        del ckpt["config"]["channels_last"]
+        torch.save(ckpt, folder / "checkpoint.pt")
+
+
+@pytest.mark.parametrize("recorded,layout", [("False", False), ("absent", False), ("auto", True)])
+def test_a_resume_left_at_auto_continues_the_checkpoints_layout(data, tmp_path, recorded, layout):
+    """A resume with ``channels_last=None`` on the CPU, where auto would choose channels-last, continues the layout
+    the checkpoint ran in: NCHW for one made with False or without the field, channels-last for one made at auto.
+    The model is laid out before the checkpoint's state is loaded, so the history and weights equal the uninterrupted
+    run's in that layout bit for bit; the two layouts round differently here, so the equality says which one ran."""
+    cfg = fk.Config(**{**BASE, "rounds": 3, "checkpoint_every": 1})
+    straight = fk.run(cfg.replace(channels_last=layout), data=data)
+    other = fk.run(cfg.replace(channels_last=not layout), data=data)
+    assert not straight.history.drop(columns="seconds").equals(other.history.drop(columns="seconds"))
+    folder = tmp_path / "run"
+    _interrupted(cfg.replace(channels_last=None if recorded == "auto" else False), data, folder, recorded)
+    resumed = fk.run(cfg.replace(out_dir=str(folder), channels_last=None), data=data, resume=True)
+    assert resumed.config.channels_last is layout and engine._laid_out_channels_last(resumed.model) is layout
+    assert json.loads((folder / "config.json").read_text())["channels_last"] is layout
+    assert torch.load(folder / "checkpoint.pt", weights_only=False)["config"]["channels_last"] is layout
+    pd.testing.assert_frame_equal(straight.history.drop(columns="seconds"), resumed.history.drop(columns="seconds"),
+                                  check_exact=True)
+    for name, t in straight.model.state_dict().items():
+        assert torch.equal(t, resumed.model.state_dict()[name]), name
+
+
+@pytest.mark.parametrize("recorded,asked,says", [("False", True, "channels_last: False -> True"),
+                                                 ("absent", True, "channels_last: False -> True"),
+                                                 ("auto", False, "channels_last: True -> False")])
+def test_a_resume_asking_another_layout_than_the_checkpoints_is_refused(data, tmp_path, recorded, asked, says):
+    cfg = fk.Config(**{**BASE, "rounds": 3, "checkpoint_every": 1, "channels_last": None if recorded == "auto" else False})
+    _interrupted(cfg, data, tmp_path, recorded)
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    with pytest.raises(FeddrKitError, match=says):
+        fk.run(cfg.replace(out_dir=str(tmp_path), channels_last=asked), data=data, resume=True)
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
 
 
 @pytest.mark.parametrize("tf32", [True, False])

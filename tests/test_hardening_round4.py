@@ -444,6 +444,32 @@ def test_a_saved_point_or_config_without_a_later_field_is_compared_at_its_defaul
         assert "tf32" in mismatch(folder, cfg.replace(tf32=False)), name
 
 
+def test_a_saved_record_without_channels_last_holds_nchw_runs(tmp_path):
+    """``channels_last``'s default became None (auto) after runs were recorded with False: a point.json, config.json
+    or sweep.json base that leaves it out holds NCHW runs, the same as ``channels_last=False`` and another than
+    True or (in a sweep's own records) auto. A sweep now writes the field out when its base leaves it at auto."""
+    from feddr_kit.sweep.grid import recorded_base
+    from feddr_kit.sweep.root import mismatch, other_grid
+
+    cfg = fk.Config(dataset="synthetic", rounds=2, channels_last=False)
+    old = {k: v for k, v in cfg.to_dict().items() if k != "channels_last"}
+    for name, saved in (("point.json", {"config": old}), ("config.json", old)):
+        folder = tmp_path / name.split(".")[0]
+        folder.mkdir()
+        (folder / name).write_text(json.dumps(saved))
+        assert mismatch(folder, cfg) is None, name
+        assert "channels_last=False there" in mismatch(folder, cfg.replace(channels_last=True)), name
+    assert "channels_last=False there" in mismatch(tmp_path / "point", cfg.replace(channels_last=None))
+    assert mismatch(tmp_path / "config", cfg.replace(channels_last=None)) is None  # a run's config: None matches its bool
+    before = {"base": {"dataset": "synthetic"}, "grid": {"algorithm": ["fedavg"]}, "seeds": [0]}
+    pinned = {**before, "base": {"dataset": "synthetic", "channels_last": False}}
+    auto = {**before, "base": recorded_base({"dataset": "synthetic"})}
+    assert auto["base"] == {"dataset": "synthetic", "channels_last": None}
+    assert other_grid(before, pinned) is None
+    assert "channels_last=False there but channels_last=None here" in other_grid(before, auto)
+    assert other_grid(auto, auto) is None
+
+
 @pytest.mark.parametrize("start", ["notebooks", "notebooks/../results", "."])
 def test_root_and_results_are_absolute_from_a_relative_start(tmp_path, monkeypatch, start):
     clone = tmp_path / "clone"

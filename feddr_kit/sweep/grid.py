@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import FeddrKitError
+from ..rundir import FORMER_DEFAULTS
 
 # Fields that say where and how visibly a run goes, not what it computes: never part of a name,
 # never a mismatch.
@@ -36,6 +37,21 @@ def field_defaults() -> dict[str, Any]:
     for f in dataclasses.fields(Config):
         out[f.name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     return out
+
+
+def saved_defaults() -> dict[str, Any]:
+    """Every ``Config`` field with the value that a saved record leaving it out (a ``sweep.json`` base, a
+    ``point.json``, a ``config.json``) stands for: its default, or the former default of a field whose default
+    changed (:data:`feddr_kit.rundir.FORMER_DEFAULTS`: such a record was written before the change)."""
+    return {**field_defaults(), **FORMER_DEFAULTS}
+
+
+def recorded_base(base: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` as a sweep records it: with every field of :data:`feddr_kit.rundir.FORMER_DEFAULTS` it leaves out
+    at today's default, written out, since a record that leaves such a field out reads as the former one
+    (:func:`saved_defaults`). ``{"channels_last": None}`` (auto) joins a base that does not choose the layout."""
+    defaults = field_defaults()
+    return {**base, **{k: defaults[k] for k in FORMER_DEFAULTS if k not in base}}
 
 
 def plain(v: Any) -> Any:

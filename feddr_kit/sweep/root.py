@@ -24,7 +24,7 @@ from .. import rundir
 from ..config import Config
 from ..errors import BusyError, FeddrKitError
 from ..rundir import CHECKPOINT, write_json
-from .grid import BOOKKEEPING, field_defaults, plain
+from .grid import BOOKKEEPING, plain, saved_defaults
 
 SUMMARY, CONFIG, HISTORY, ERROR, POINT, SWEEP, RESULTS, TABLE, RUNS = (
     "summary.json", "config.json", "history.csv", "error.txt", "point.json", "sweep.json", "results.json", "table.csv",
@@ -78,7 +78,8 @@ def mismatch(folder: Path, cfg: Config) -> str | None:
     """Why ``folder`` holds a different run than ``cfg`` (one field), or None when it is the same run.
 
     Compared against ``point.json`` (what the sweep asked for) when present, else ``config.json``
-    (what the run saved; there a ``None`` in ``cfg`` — "the algorithm's default" — matches anything).
+    (what the run saved; there a ``None`` in ``cfg`` — "the algorithm's default", "the layout of the run's
+    device" — matches anything). A field the saved file lacks counts at :func:`~.grid.saved_defaults`.
     """
     want = cfg.to_dict()
     saved, lenient = None, False
@@ -89,7 +90,7 @@ def mismatch(folder: Path, cfg: Config) -> str | None:
         saved, lenient = readable_json(folder / CONFIG), True
     if not isinstance(saved, dict):  # nothing readable says what the folder holds: the sweep's run rewrites it
         return None
-    defaults = field_defaults()
+    defaults = saved_defaults()
     for k, v in want.items():
         if k in BOOKKEEPING or (lenient and v is None):
             continue
@@ -160,12 +161,14 @@ def other_grid(old: dict, new: dict) -> str | None:
 def _fixed(spec: dict) -> dict[str, Any]:
     """What every run of ``spec``'s grid shares: for a grid of runs every Config field the grid does not
     vary (at its default where the base leaves it; bookkeeping and seed left out), for a notebook grid
-    the notebook's file name and the fixed parameters."""
+    the notebook's file name and the fixed parameters. A field the base leaves out counts at
+    :func:`~.grid.saved_defaults` (a ``sweep.json`` written before ``channels_last``'s default changed holds
+    NCHW runs; a sweep records that field since: :func:`~.grid.recorded_base`)."""
     grid = spec.get("grid") or {}
     if "notebook" in spec:
         params = {f"parameters.{k}": plain(v) for k, v in (spec.get("parameters") or {}).items()}
         return {"notebook": Path(str(spec["notebook"])).name, **params}
-    base = {**field_defaults(), **(spec.get("base") or {})}
+    base = {**saved_defaults(), **(spec.get("base") or {})}
     return {k: plain(v) for k, v in base.items() if k not in grid and k not in BOOKKEEPING and k not in ("seed", "out_dir")}
 
 

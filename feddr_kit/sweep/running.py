@@ -24,7 +24,7 @@ from ..federated import run as run_one
 from ..rundir import CHECKPOINT, write_json, write_text
 from . import workers
 from .collecting import collect, in_grid_order, write_tables
-from .grid import expand, plain, run_dir_name
+from .grid import expand, plain, recorded_base, run_dir_name
 from .root import CONFIG, DONE, ERROR, FAILED, HISTORY, POINT, mismatch, starting, status
 
 
@@ -73,7 +73,8 @@ def run_sweep(base: Mapping[str, Any] | Config, grid: Mapping[str, Sequence], se
         raise FeddrKitError("data= serves one dataset, but the grid spans several; leave data=None")
     _check_jobs(jobs, threads, callback)
 
-    spec = {"base": {k: plain(v) for k, v in base_d.items()}, "grid": {k: [plain(v) for v in vs] for k, vs in grid.items()},
+    spec = {"base": {k: plain(v) for k, v in recorded_base(base_d).items()},
+            "grid": {k: [plain(v) for v in vs] for k, vs in grid.items()},
             "seeds": [int(s) for s in seeds]}
     with starting(root, spec):  # one grid per root: refuses another; records this one once the folders pass
         plan = []
