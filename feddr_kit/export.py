@@ -104,9 +104,9 @@ def export_model(run_dir: str | Path, to: str | Path) -> Path:
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> Net:
     """The :class:`~feddr_kit.models.Net` exported by :func:`export_model`, in eval mode on ``device``.
-    ``path``: the weights file or its JSON. Built as the run built it (its algorithm installs the
-    head), then the weights are loaded strictly; the caller's torch random state is left as it was. Raises
-    a one-line :class:`FeddrKitError` when a file is missing, broken or holds more than tensors (a ``.pt``
+    ``path``: the weights file or its JSON. Built as the run built it (its algorithm installs the head; the
+    memory layout its config records), then the weights are loaded strictly; the caller's torch random state
+    is left as it was. Raises a one-line :class:`FeddrKitError` when a file is missing, broken or holds more than tensors (a ``.pt``
     is read with ``weights_only=True``), or the weights do not fit the model."""
     path = Path(path)
     info_path = path if path.suffix == ".json" else sidecar(path)
@@ -137,7 +137,10 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Net:
     except (RuntimeError, TypeError, AttributeError) as err:  # wrong shapes or names; a file of something else
         raise FeddrKitError(f"load_model: {weights} does not fit model {cfg.model!r}: "
                             f"{(str(err).splitlines() or [type(err).__name__])[0]}") from None
-    return model.to(device).eval()
+    # in the run's memory layout (its config records the one it used), so the net computes what the run's did,
+    # to the float rounding; an export from before the layout was recorded says None: the contiguous one
+    layout = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    return model.to(device, memory_format=layout).eval()
 
 
 def main(args: dict[str, Any]) -> int:
