@@ -301,8 +301,12 @@ def test_an_interrupted_or_killed_jobs_sweep_stops_every_run_and_resumes_exactly
     root, grid = tmp_path / "root", _grid_file(tmp_path / "grid.json", KILLED_BASE, KILLED_GRID, seeds=[0, 1])
     cmd = [sys.executable, "-m", "feddr_kit", "sweep", "--grid", str(grid), "--root", str(root), "--jobs", "2"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FEDDR_PROGRESS": "lines"}
+    # a process group of its own, as a terminal gives, with SIGINT at its default, as a terminal's foreground job
+    # has it: a process inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt for it, so a
+    # test process that ignores it (as some in a whole-suite session did) would make the sweep deaf to Ctrl-C
     sweep_process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)  # a process group of its own, as a terminal gives
+                                     start_new_session=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     under_way = []
     while len(under_way) < 2 and sweep_process.poll() is None:
         under_way = [p.parent for p in root.glob("*/checkpoint.pt") if not (p.parent / "summary.json").exists()]
