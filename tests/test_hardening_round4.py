@@ -429,17 +429,24 @@ def test_a_deleted_working_directory_without_an_installed_repository_is_one_line
 
 
 # --------------------------------------------------------------------------- behaviours no test pinned
+def _saved_without(tmp_path, cfg, field: str):
+    """``(file name, folder)`` of a run folder holding ``cfg`` without ``field``, once as a sweep's point.json and
+    once as a run's config.json: a record written before ``field`` existed or changed its default."""
+    old = {k: v for k, v in cfg.to_dict().items() if k != field}
+    for name, saved in (("point.json", {"config": old}), ("config.json", old)):
+        folder = tmp_path / name.split(".")[0]
+        folder.mkdir()
+        (folder / name).write_text(json.dumps(saved))
+        yield name, folder
+
+
 def test_a_saved_point_or_config_without_a_later_field_is_compared_at_its_default(tmp_path):
     """A run folder written before ``tf32`` existed holds the run at tf32's default (True): the same run as
     ``Config(tf32=True)``, another than ``Config(tf32=False)``."""
     from feddr_kit.sweep.root import mismatch
 
     cfg = fk.Config(dataset="synthetic", rounds=2)
-    old = {k: v for k, v in cfg.to_dict().items() if k != "tf32"}
-    for name, saved in (("point.json", {"config": old}), ("config.json", old)):
-        folder = tmp_path / name.split(".")[0]
-        folder.mkdir()
-        (folder / name).write_text(json.dumps(saved))
+    for name, folder in _saved_without(tmp_path, cfg, "tf32"):
         assert mismatch(folder, cfg) is None, name
         assert "tf32" in mismatch(folder, cfg.replace(tf32=False)), name
 
@@ -452,11 +459,7 @@ def test_a_saved_record_without_channels_last_holds_nchw_runs(tmp_path):
     from feddr_kit.sweep.root import mismatch, other_grid
 
     cfg = fk.Config(dataset="synthetic", rounds=2, channels_last=False)
-    old = {k: v for k, v in cfg.to_dict().items() if k != "channels_last"}
-    for name, saved in (("point.json", {"config": old}), ("config.json", old)):
-        folder = tmp_path / name.split(".")[0]
-        folder.mkdir()
-        (folder / name).write_text(json.dumps(saved))
+    for name, folder in _saved_without(tmp_path, cfg, "channels_last"):
         assert mismatch(folder, cfg) is None, name
         assert "channels_last=False there" in mismatch(folder, cfg.replace(channels_last=True)), name
     assert "channels_last=False there" in mismatch(tmp_path / "point", cfg.replace(channels_last=None))
