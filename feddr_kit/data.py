@@ -356,15 +356,18 @@ def _check_layout(path) -> Path:
 def _list_files(folder: Path) -> list[tuple[str, int, int]]:
     """Sorted (relative path, size, mtime_ns) of every file under train/ and test/."""
     out = []
-    stack = [folder / "train", folder / "test"]
+    # (relative path, path) of each folder still to list: the relative path is built as the walk goes down,
+    # since os.path.relpath on each of CIFAR-10's 60,000 files took most of a cached load's 2.4 s
+    stack = [(split, os.path.join(folder, split)) for split in ("train", "test")]
     while stack:
-        with os.scandir(stack.pop()) as it:
+        rel, path = stack.pop()
+        with os.scandir(path) as it:
             for e in it:
                 if e.is_dir():
-                    stack.append(Path(e.path))
+                    stack.append((rel + os.sep + e.name, e.path))
                 else:
                     st = e.stat()
-                    out.append((os.path.relpath(e.path, folder), st.st_size, st.st_mtime_ns))
+                    out.append((rel + os.sep + e.name, st.st_size, st.st_mtime_ns))
     out.sort()
     return out
 
