@@ -38,7 +38,7 @@ def pytest_configure(config):
 # not named keep their collection order after these.
 LONGEST_FIRST = (
     "tests/test_readme_quickstart.py",    # 610 s: command 1, verbatim (install, then chapter 00 under papermill)
-    "tests/test_notebooks.py",            # 570 s: chapters 03 and 04 and three results chapters under papermill
+    "tests/test_notebooks.py",            # 410 s: chapters 03 and 04 and three results chapters under papermill
     "tests/test_chapters_07_08.py",       # 214 s: chapter 08's live slice
     "notebooks/07_sensitivity.ipynb",     # 116 s
     "tests/test_sweep.py",                # 110 s: killed and resumed sweeps
