@@ -16,6 +16,7 @@ the round loop instead: see feddr_kit/methods/personalized.py.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,8 @@ def load_finished(result_or_state: Any) -> tuple[Config, dict[str, torch.Tensor]
 def finetune(result_or_state: Any, method: str | None = None, epochs: int = 5, lr: float | None = None, *,
              protocol: str = "generic", train_head: bool | None = None, batch_size: int = 50,
              data: ImageData | None = None, partition: Partition | None = None, device: str = "cpu",
-             fedetf_alternations: int = 20, progress: bool = False) -> PersonalResult:
+             fedetf_alternations: int = 20, clients: Iterable[int] | None = None,
+             progress: bool = False) -> PersonalResult:
     """Fine-tune the global model of a finished run on every client and evaluate it on each client's own
     test set before and after.
 
@@ -135,7 +137,10 @@ def finetune(result_or_state: Any, method: str | None = None, epochs: int = 5, l
     30 % split).
 
     ``data`` / ``partition``: reuse loaded ones (default: the run's, or loaded from its config).
-    Returns a :class:`PersonalResult` (method ``"<algorithm>-FT"``).
+    ``clients``: the client ids to fine-tune, in that order (default every client). Each client starts
+    from the global model and draws from its own random stream, so a client's row does not depend on
+    which others are fine-tuned with it.
+    Returns a :class:`PersonalResult` (method ``"<algorithm>-FT"``), one row per fine-tuned client.
     """
     _check_finetune(protocol, epochs, lr, method)
     cfg, state, algo_state, loaded = load_finished(result_or_state)
@@ -154,24 +159,41 @@ def finetune(result_or_state: Any, method: str | None = None, epochs: int = 5, l
     for p in model.head.parameters():
         p.requires_grad_(bool(head_trained))
 
+    chosen = _chosen_clients(clients, part.num_clients)
     evaluator = Evaluator(data, part, cfg.seed)
-    clients = Clients.of(data, part, dev)
+    pool = Clients.of(data, part, dev)
     rows = []
-    for k in progress_mod.each(range(part.num_clients), f"{cfg.algorithm}-FT", unit="clients", disable=not progress):
+    for k in progress_mod.each(chosen, f"{cfg.algorithm}-FT", unit="clients", disable=not progress):
         model.load_state_dict(global_state)
         before = evaluator.client_accuracy(model, algo, k)
-        n = clients.size(k)
-        ctx = client_context(algo, ft_cfg, clients, k, FINETUNE_ROUND, ft_lr, global_state,
+        n = pool.size(k)
+        ctx = client_context(algo, ft_cfg, pool, k, FINETUNE_ROUND, ft_lr, global_state,
                              num_steps=epochs * -(-n // batch_size))
         if protocol == "fedetf":
-            _fedetf_personalize(model, algo, data, clients.indices[k], ctx, ft_cfg, dev, fedetf_alternations)
+            _fedetf_personalize(model, algo, data, pool.indices[k], ctx, ft_cfg, dev, fedetf_alternations)
         elif ctx.num_steps > 0:
-            local.train_client(model, teacher, algo, data, clients.indices[k], ctx, ft_cfg, dev)
+            local.train_client(model, teacher, algo, data, pool.indices[k], ctx, ft_cfg, dev)
         rows.append({"client": k, "n_train": n, "n_test": len(part.test_indices[k]), "before": before,
                      "after": evaluator.client_accuracy(model, algo, k)})
     info = {"algorithm": cfg.algorithm, "ft_method": ft_cfg.algorithm, "protocol": protocol, "epochs": epochs,
             "lr": ft_lr, "head_trained": bool(head_trained), "seed": cfg.seed}
     return PersonalResult(f"{cfg.algorithm}-FT", pd.DataFrame(rows), info)
+
+
+def _chosen_clients(clients: Iterable[int] | None, num_clients: int) -> list[int]:
+    """``clients`` as a list of distinct client ids in ``[0, num_clients)`` (every client when None), or
+    :class:`FeddrKitError` naming the first bad one."""
+    if clients is None:
+        return list(range(num_clients))
+    if isinstance(clients, (str, bytes)) or not isinstance(clients, Iterable):
+        raise FeddrKitError(f"clients must be client ids (e.g. range(10)) or None for every client, got {clients!r}")
+    chosen = list(clients)
+    for k in chosen:
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 0 <= k < num_clients:
+            raise FeddrKitError(f"clients: {k!r} is not a client id of this run (0 to {num_clients - 1})")
+    if len(set(chosen)) != len(chosen):
+        raise FeddrKitError(f"clients: each client once, got {chosen}")
+    return [int(k) for k in chosen]
 
 
 def _check_finetune(protocol: str, epochs: Any, lr: Any, method: str | None) -> None:

@@ -38,17 +38,19 @@ def test_chapter_07_reads_the_teaching_scale_sweep_complete_and_pins_its_prose()
 @pytest.mark.slow
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
 def test_chapter_08_live_slice_under_papermill(tmp_path):
-    """Slow (1-3 min on 2 CPU cores): chapter 08's rerun path (teaching-scale global runs of 1 round,
-    fine-tuned for one epoch the way the sweep fine-tunes) executes end to end, skipping the prose's pins."""
+    """Slow (about a minute on one CPU core): chapter 08's rerun path (teaching-scale global runs of 1 round,
+    10 of their clients fine-tuned for one epoch the way the sweep fine-tunes each of its 100) executes end to
+    end, skipping the prose's pins."""
     import papermill
 
     out = tmp_path / "08.ipynb"
     papermill.execute_notebook(str(NOTEBOOKS / "08_personalization.ipynb"), str(out),
-                               parameters={"rerun": True, "rerun_rounds": 1, "ft_epochs": 1, "demo_rounds": 1},
+                               parameters={"rerun": True, "rerun_rounds": 1, "ft_epochs": 1, "rerun_clients": 10,
+                                           "demo_rounds": 1},
                                cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False)
     nb = nbformat.read(out, as_version=4)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "2 (setting, method, seed) cells, 200 client rows" in text
+    assert "2 (setting, method, seed) cells, 20 client rows" in text
 
 
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR (section 4 counts its partitions)")

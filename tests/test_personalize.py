@@ -220,6 +220,15 @@ def test_finetune_improves_a_weak_feddr_model_and_keeps_the_etf_frozen(synthetic
     pd.testing.assert_frame_equal(ft.per_client, again.per_client)
 
 
+def test_finetune_of_some_clients_gives_their_rows_of_every_clients_finetuning(synthetic, feddr_run):
+    """Each client starts from the global model on its own random stream: a subset, in any order, is the full
+    run's rows for those clients."""
+    every = fk.personalize.finetune(feddr_run, epochs=1, lr=0.02, data=synthetic).per_client
+    some = fk.personalize.finetune(feddr_run, epochs=1, lr=0.02, data=synthetic, clients=[7, 2]).per_client
+    pd.testing.assert_frame_equal(some, every.set_index("client").loc[[7, 2]].reset_index())
+    assert fk.personalize.finetune(feddr_run, epochs=1, data=synthetic, clients=[]).per_client.empty
+
+
 def test_finetune_freezes_the_etf_but_tunes_fedbabus_head(synthetic, monkeypatch):
     moved = {}
     real = local.train_client
@@ -250,6 +259,10 @@ def test_finetune_rejects_bad_input(synthetic, feddr_run, tmp_path):
         fk.personalize.finetune(feddr_run, method="fedetf", data=synthetic)
     with pytest.raises(FeddrKitError, match="not a finished run folder"):
         fk.personalize.finetune(tmp_path)
+    for bad, message in ((range(9, 11), "10 is not a client id"), ([1, 1], "each client once"), ("3", "client ids"),
+                         ([0.5], "0.5 is not a client id"), (3, "client ids")):
+        with pytest.raises(FeddrKitError, match=message):
+            fk.personalize.finetune(feddr_run, data=synthetic, clients=bad)
 
 
 def test_fedetf_original_protocol_moves_only_projection_and_etf_after_the_local_update(synthetic):
