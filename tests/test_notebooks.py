@@ -129,14 +129,14 @@ def _papermill_results(chapter: str, parameters: dict, tmp_path: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
 def test_chapter_03_under_papermill(tmp_path):
-    """Slow (about 2 min on 2 CPU cores): chapter 03 with 4 rounds, one seed, one same-model draw and a small
+    """Slow (about 2 min on 2 CPU cores): chapter 03 with 2 rounds, one seed, one same-model draw and a small
     wipe-out table runs its seeds itself (the parameters differ from results/ch03_04_probes.json) and writes
     results.json."""
     # a constant lr: with the default schedule the only probed round (the last) would train at lr / 100
-    results = _papermill_results("03_dr_forgets_unseen", {"rounds": 4, "lr_gamma": 1.0, "same_model_draws": 1, "probe_samples": 200,
+    results = _papermill_results("03_dr_forgets_unseen", {"rounds": 2, "lr_gamma": 1.0, "same_model_draws": 1, "probe_samples": 200,
                                                           "wipe_shards": [5], "wipe_lr_fractions": [1.0, 0.01],
                                                           "seeds": [0], "seed": 0}, tmp_path)
-    assert results["config"]["parameters"]["rounds"] == 4 and results["config"]["seeds_from"] == "this run"
+    assert results["config"]["parameters"]["rounds"] == 2 and results["config"]["seeds_from"] == "this run"
     assert set(results["config"]["runs"]) == {"CE (fedavg)", "DR (dr)"}
     runs = results["results"]["runs_mean_over_rounds"]
     for label in ("CE (fedavg)", "DR (dr)"):
@@ -153,11 +153,11 @@ def test_chapter_03_under_papermill(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not cifar10_available(), reason="real CIFAR-10 not in FEDDR_DATA_DIR")
 def test_chapter_04_under_papermill(tmp_path):
-    """Slow (about 2 min on 2 CPU cores): chapter 04 with 4 rounds, one seed and a 3-value beta sweep (with its
+    """Slow (about 2 min on 2 CPU cores): chapter 04 with 2 rounds, one seed and a 3-value beta sweep (with its
     control arm) writes results.json."""
-    results = _papermill_results("04_feature_distillation", {"rounds": 4, "beta_grid": [1.0, 0.5], "probe_samples": 200,
+    results = _papermill_results("04_feature_distillation", {"rounds": 2, "beta_grid": [1.0, 0.5], "probe_samples": 200,
                                                              "seeds": [0], "seed": 0}, tmp_path)
-    assert results["config"]["parameters"]["rounds"] == 4 and results["config"]["seeds_from"] == "this run"
+    assert results["config"]["parameters"]["rounds"] == 2 and results["config"]["seeds_from"] == "this run"
     # the sweep always adds plain DR (1.0) and FedDr+'s beta (0.9) to the grid it is given; the control runs at every beta
     sweep = results["results"]["beta_sweep_one_round"]
     assert sorted(float(b) for b in sweep["FedDr+"]) == [0.5, 0.9, 1.0] == sorted(float(b) for b in sweep["DR lr×β"])
