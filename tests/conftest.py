@@ -34,19 +34,26 @@ def pytest_configure(config):
 # The longest files first, so that two test processes finish together. With --dist loadfile each file (and each
 # notebook) runs whole on one process, and xdist would otherwise hand out the files with the most tests first:
 # README's command-1 test (one test, about 610 s in a fresh-clone run on 2 cores) then started last and ran
-# alone for ten minutes. Seconds from that run's --durations (the file's longest tests), longest first; files
-# not named keep their collection order after these.
+# alone for ten minutes. Any file of a minute or more started near the end leaves the other process idle for
+# that long, so every such file is named. Seconds: each file's tests summed, from a fresh-clone run's
+# --durations on 2 cores (the papermill slices of chapters 03, 04 and 08 as cut since); files not named keep
+# their collection order after these.
 LONGEST_FIRST = (
-    "tests/test_readme_quickstart.py",    # 610 s: command 1, verbatim (install, then chapter 00 under papermill)
-    "tests/test_notebooks.py",            # 410 s: chapters 03 and 04 and three results chapters under papermill
-    "tests/test_chapters_07_08.py",       # 214 s: chapter 08's live slice
-    "notebooks/07_sensitivity.ipynb",     # 116 s
-    "tests/test_sweep.py",                # 110 s: killed and resumed sweeps
-    "tests/test_scorecard.py",            # 101 s
-    "tests/test_flower_deployment.py",    # 69 s
-    "notebooks/05_nine_algorithms.ipynb",  # 61 s
-    "notebooks/06_regularizer_synergy.ipynb",  # 59 s
-    "tests/test_drift_probe.py",          # 53 s
+    "tests/test_readme_quickstart.py",    # 480 s: command 1, verbatim (chapter 00 under papermill)
+    "tests/test_sweep.py",                # 340 s: killed and resumed sweeps
+    "tests/test_notebooks.py",            # 300 s: chapters 03 and 04 and three results chapters under papermill
+    "tests/test_sweep_hardening.py",      # 210 s
+    "tests/test_reliability.py",          # 200 s
+    "tests/test_engine.py",               # 190 s
+    "tests/test_scorecard.py",            # 135 s: every chapter's claims cells
+    "notebooks/07_sensitivity.ipynb",     # 135 s
+    "tests/test_flower_deployment.py",    # 115 s
+    "tests/test_drift_probe.py",          # 115 s
+    "tests/test_chapter_paths.py",        # 90 s
+    "tests/test_chapters_05_06.py",       # 85 s
+    "tests/test_chapters_07_08.py",       # 80 s: chapter 08's live slice
+    "notebooks/06_regularizer_synergy.ipynb",  # 75 s
+    "notebooks/05_nine_algorithms.ipynb",  # 55 s
 )
 
 
