@@ -75,12 +75,17 @@ class Partition:
         return np.stack([np.bincount(labels[idx], minlength=self.num_classes)
                          for idx in indices]).astype(np.int64)
 
+    def client_id(self, client, name: str = "client") -> int:
+        """``client`` as a plain int if it is a client id of this partition (an integer, not a bool, in
+        ``[0, K)``); otherwise :class:`FeddrKitError` naming the argument ``name``."""
+        if not _is_int(client) or not 0 <= client < self.num_clients:
+            raise FeddrKitError(f"{name}: must be an integer in [0, {self.num_clients - 1}], "
+                                f"got {client!r}")
+        return int(client)
+
     def classes_of(self, client: int) -> np.ndarray:
         """Sorted classes present in ``client``'s train split: int64 ``[<=C]``."""
-        if not _is_int(client) or not 0 <= client < self.num_clients:
-            raise FeddrKitError(f"client: must be an integer in [0, {self.num_clients - 1}], "
-                                f"got {client!r}")
-        return np.unique(self.train_labels[self.train_indices[client]]).astype(np.int64)
+        return np.unique(self.train_labels[self.train_indices[self.client_id(client)]]).astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------

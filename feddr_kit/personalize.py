@@ -37,6 +37,7 @@ from .local import ClientContext, build_teacher, client_context
 from .methods import ALGORITHMS, Algorithm, CrossEntropyOf, resolve_regularizer
 from .models import Net
 from .partition import Partition
+from .partition import Partition
 from .roundlog import Result
 from .rundir import CHECKPOINT, load_checkpoint, make_folder, read_json, writable_folder, write_json, write_text
 from .schedule import lr_at
@@ -159,7 +160,7 @@ def finetune(result_or_state: Any, method: str | None = None, epochs: int = 5, l
     for p in model.head.parameters():
         p.requires_grad_(bool(head_trained))
 
-    chosen = _chosen_clients(clients, part.num_clients)
+    chosen = _chosen_clients(clients, part)
     evaluator = Evaluator(data, part, cfg.seed)
     pool = Clients.of(data, part, dev)
     rows = []
@@ -180,20 +181,17 @@ def finetune(result_or_state: Any, method: str | None = None, epochs: int = 5, l
     return PersonalResult(f"{cfg.algorithm}-FT", pd.DataFrame(rows), info)
 
 
-def _chosen_clients(clients: Iterable[int] | None, num_clients: int) -> list[int]:
-    """``clients`` as a list of distinct client ids in ``[0, num_clients)`` (every client when None), or
+def _chosen_clients(clients: Iterable[int] | None, part: Partition) -> list[int]:
+    """``clients`` as a list of distinct client ids of ``part`` (every client when None), or
     :class:`FeddrKitError` naming the first bad one."""
     if clients is None:
-        return list(range(num_clients))
+        return list(range(part.num_clients))
     if isinstance(clients, (str, bytes)) or not isinstance(clients, Iterable):
         raise FeddrKitError(f"clients must be client ids (e.g. range(10)) or None for every client, got {clients!r}")
-    chosen = list(clients)
-    for k in chosen:
-        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 0 <= k < num_clients:
-            raise FeddrKitError(f"clients: {k!r} is not a client id of this run (0 to {num_clients - 1})")
+    chosen = [part.client_id(k, "clients") for k in clients]
     if len(set(chosen)) != len(chosen):
         raise FeddrKitError(f"clients: each client once, got {chosen}")
-    return [int(k) for k in chosen]
+    return chosen
 
 
 def _check_finetune(protocol: str, epochs: Any, lr: Any, method: str | None) -> None:
