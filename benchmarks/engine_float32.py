@@ -7,7 +7,10 @@ deviation, so a small change in one layer's outputs changes the next layer's sta
 step. In float64 the same reordering stays near 1e-12, and tests/test_engine.py holds the engines to
 1e-5 there. This script measures both on real data at the teaching scale: one round of ``fk.Config()``
 (or ``--model``), both engines, each dtype; it prints, per dtype, the largest ``‖a − b‖ / ‖a‖`` over
-the parameter tensors and both runs' test accuracy.
+the parameter tensors and both runs' test accuracy. Both engines run in one memory layout (NCHW by
+default, ``--channels-last`` for NHWC): at the kit's auto layout the serial engine would run channels-last
+on the CPU and the batched one NCHW, and the difference would mix the layouts' summation orders with the
+engines'.
 
     FEDDR_DATA_DIR=../shared/data OMP_NUM_THREADS=1 python benchmarks/engine_float32.py            # cnn_bn, a few minutes
     FEDDR_DATA_DIR=../shared/data OMP_NUM_THREADS=1 python benchmarks/engine_float32.py --model cnn
@@ -31,10 +34,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=fk.Config().model)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    parser.add_argument("--channels-last", action="store_true", help="both engines channels-last (NHWC); default both NCHW")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = fk.data.load("cifar10")
-    cfg = fk.Config(model=args.model, rounds=1, eval_every=1, progress=False, device="cpu")
+    cfg = fk.Config(model=args.model, rounds=1, eval_every=1, progress=False, device="cpu",
+                    channels_last=args.channels_last)
     for name in args.dtypes:
         previous = torch.get_default_dtype()
         torch.set_default_dtype(getattr(torch, name))
