@@ -113,6 +113,18 @@ def test_sampling_uses_partition_ids_not_node_ids(synthetic):
     assert [int(m.content["config"]["client"]) for m in messages] == sampled
 
 
+def test_clients_train_in_the_layout_the_server_records(synthetic):
+    """The server decides the run's layout (``channels_last`` auto: its own device's) and records it; a client
+    resolving auto on its own device (a GPU node beside a CPU server) would train in another. Here the
+    clients' run config says auto (channels-last on this CPU) while the server runs NCHW: they follow the
+    server, so the run equals fk.run's NCHW run bit for bit."""
+    cfg = fk.Config(algorithm="feddr+", **{**TINY, "channels_last": False})
+    flower.provide_data(cfg, synthetic)
+    grid = flower.InProcessGrid(flower.client_app, cfg.replace(channels_last=None))
+    assert fk.engine.resolve_layout(None, "serial", torch.device("cpu"))  # auto would pick channels-last here
+    assert_same_run(fk.run(cfg, data=synthetic), flower.run_on_grid(grid, cfg, data=synthetic))
+
+
 def test_a_missing_partition_is_a_clear_error(synthetic):
     cfg = fk.Config(algorithm="fedavg", **TINY)
     grid = flower.InProcessGrid(flower.client_app, cfg)

@@ -143,9 +143,11 @@ def client_query(msg: Message, context: Context) -> Message:
 @client_app.train()
 def client_train(msg: Message, context: Context) -> Message:
     """Train this node's client from the received global state; reply with its state and uploads."""
-    cfg = config_from_run_config(dict(context.run_config))
-    client = int(context.node_config[PARTITION_ID])
     conf = msg.content["config"]
+    # the server's layout, not this node's auto choice: the server records it, and a GPU node beside a CPU
+    # server would otherwise train in another memory order than the run says
+    cfg = config_from_run_config(dict(context.run_config)).replace(channels_last=bool(conf["channels-last"]))
+    client = int(context.node_config[PARTITION_ID])
     if int(conf["client"]) != client:
         raise FeddrKitError(f"a train message for partition {conf['client']} reached the node of partition {client}")
     setup = client_setup(cfg)
@@ -238,7 +240,8 @@ class KitStrategy(Strategy):
         broadcast = to_record(self.setup.algo.broadcast())
         return [Message(RecordDict({"global": arrays, "broadcast": broadcast,
                                     "config": ConfigRecord({"round": self.plan.round, "lr": self.plan.lr, "client": k,
-                                                            "measure": self.plan.evaluating})}),
+                                                            "measure": self.plan.evaluating,
+                                                            "channels-last": bool(self.cfg.channels_last)})}),
                         dst_node_id=self.nodes[k], message_type=MessageType.TRAIN, group_id=str(server_round))
                 for k in self.plan.clients]
 
