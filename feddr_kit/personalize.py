@@ -37,7 +37,6 @@ from .local import ClientContext, build_teacher, client_context
 from .methods import ALGORITHMS, Algorithm, CrossEntropyOf, resolve_regularizer
 from .models import Net
 from .partition import Partition
-from .partition import Partition
 from .roundlog import Result
 from .rundir import CHECKPOINT, load_checkpoint, make_folder, read_json, writable_folder, write_json, write_text
 from .schedule import lr_at
