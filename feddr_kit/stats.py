@@ -59,7 +59,9 @@ TIE_AGAINST = "against the claim (not shown beyond the margin)"
 # every verdict, from the claim's side over to the other side, then the untestable
 VERDICTS = (HELD, TIE_TOWARD, TIE, TIE_AGAINST, NOT_HELD, UNTESTABLE)
 TIES = (TIE_TOWARD, TIE, TIE_AGAINST)  # no finding at the margin
-SOURCES = ("paper", "chapter hypothesis")
+# who makes a claim: the paper; the course, testing a paper claim more strictly than the paper does (against the
+# beta-scaled control, at one lr for both losses), so the paper has no number for it; or the chapter's own prediction
+SOURCES = ("paper", "course test", "chapter hypothesis")
 NO_VALUE = "—"  # what a table cell shows where there is no number, as the sweep's tables do for a missing run
 DIRECTIONS = ("greater", "less")
 
@@ -241,8 +243,10 @@ def is_tie(v: str) -> bool:
 class Claim:
     """One row of a chapter's claims table.
 
-    ``claim``: the sentence tested, e.g. "FedDr+ beats DR on final accuracy"; ``source``: "paper" or
-    "chapter hypothesis"; ``setting``: where it was measured ("shard s=2, 20 rounds, cnn");
+    ``claim``: the sentence tested, e.g. "FedDr+ beats DR on final accuracy"; ``source``: one of :data:`SOURCES`:
+    "paper" where the paper states the claim, "course test" where the course puts a claim of the paper to a
+    comparison the paper does not make (e.g. against the β-scaled control), "chapter hypothesis" for the
+    chapter's own prediction; ``setting``: where it was measured ("shard s=2, 20 rounds, cnn");
     ``diff``: the :class:`Interval` of the tested difference; ``expected``: "greater" / "less";
     ``margin``: the smallest difference that counts (same units as ``diff``); ``seeds``: what the
     interval runs over ("seeds 0-2", "10 clients"; default: ``n=<diff.n>``); ``testable=False``
@@ -264,7 +268,7 @@ class Claim:
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
-            raise FeddrKitError(f"source must be 'paper' or 'chapter hypothesis', got {self.source!r}")
+            raise FeddrKitError(f"source must be one of {', '.join(map(repr, SOURCES))}, got {self.source!r}")
         if not isinstance(self.diff, Interval):
             raise FeddrKitError(f"diff must be a feddr_kit.stats.Interval, got {type(self.diff).__name__}")
         self.verdict = verdict(self.diff, self.expected, self.margin, self.testable)

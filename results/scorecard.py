@@ -169,10 +169,11 @@ def probe_status(done: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- sources
-# Rows a chapter credits to the paper whose claim the paper does not state: (chapter, pattern searched in
-# "claim | setting", the source column's text, the paper's-number cell). The paper tunes each algorithm's
-# lr and has no β-scaled control; its sensitivity section says "FedBABU and SphereFed ... show performance
-# improvements with increasing fraction ratios", of FedAvg only that FedDr+ outperforms it.
+# The rows a chapter labels "course test" (``fk.stats.SOURCES``): a claim of the paper put to a comparison the
+# paper does not make. Each says why here: (chapter, pattern searched in "claim | setting", the source column's
+# text, the paper's-number cell). The paper tunes each algorithm's lr and has no β-scaled control; its
+# sensitivity section says "FedBABU and SphereFed ... show performance improvements with increasing fraction
+# ratios", of FedAvg only that FedDr+ outperforms it.
 OWN_TESTS = [
     ("03_dr_forgets_unseen", r"\| .*shared lr", "course: one lr for both losses",
      "none: the course's own test (the paper tunes each algorithm's lr, `appsubsec:grid_search`)"),
@@ -185,6 +186,7 @@ OWN_TESTS = [
      "none: the paper's figure has FedBABU and SphereFed gaining with participation (*Sensitivity Analysis*), "
      "not FedDr+ or FedAvg"),
 ]
+ON_THE_CARD = ("paper", "course test")  # the sources whose rows the page lists; chapter hypotheses stay in the chapters
 
 
 def own_test(chapter: str, claim: str, setting: str) -> tuple[str, str] | None:
@@ -194,9 +196,17 @@ def own_test(chapter: str, claim: str, setting: str) -> tuple[str, str] | None:
     return next(((src, number) for ch, pattern, src, number in OWN_TESTS if ch == chapter and re.search(pattern, text)), None)
 
 
-def source(chapter: str, claim: str, setting: str) -> str:
-    """"paper" where the paper states the claim, else "course: <why>" (see ``OWN_TESTS``)."""
+def source(chapter: str, claim: str, setting: str, label: str = "paper") -> str:
+    """The page's source for a row the chapter labels ``label``: "paper", or for a "course test" the
+    "course: <why>" of ``OWN_TESTS``. The chapter's label and ``OWN_TESTS`` must agree, so a row is never shown
+    as the paper's when the paper does not state it, nor as the course's without its reason: else one line
+    (``SystemExit``) naming the row."""
     own = own_test(chapter, claim, setting)
+    if label == "course test" and own is None:
+        raise SystemExit(f"{chapter}: {claim!r} ({setting}) is a course test with no reason in OWN_TESTS; add one")
+    if label == "paper" and own is not None:
+        raise SystemExit(f"{chapter}: {claim!r} ({setting}) is labelled 'paper', but it is the course's own test "
+                         f"({own[0]}); label it 'course test'")
     return own[0] if own else "paper"
 
 
@@ -490,8 +500,8 @@ def scorecard(tables: dict[str, pd.DataFrame], scale: pd.DataFrame | None = None
 
     rows = pd.concat(list(tables.values()), ignore_index=True) if tables else pd.DataFrame(columns=COLUMNS + ["chapter"])
     rows = rows.reindex(columns=list(dict.fromkeys([*rows.columns, BASELINE_TEXT, BASELINE_OK])))
-    rows = rows[(rows["source"] == "paper") & (rows["verdict"] != fk.stats.UNTESTABLE)].reset_index(drop=True)
-    rows["source"] = [source(r["chapter"], r["claim"], r["setting"]) for _, r in rows.iterrows()]
+    rows = rows[rows["source"].isin(ON_THE_CARD) & (rows["verdict"] != fk.stats.UNTESTABLE)].reset_index(drop=True)
+    rows["source"] = [source(r["chapter"], r["claim"], r["setting"], r["source"]) for _, r in rows.iterrows()]
     rows["paper"] = [paper_number(r["chapter"], r["claim"], r["setting"]) for _, r in rows.iterrows()]
     runs = scale if scale is not None else paper_scale_rows()
     rows["paper scale"] = [paper_scale_result(r["chapter"], r["claim"], r["setting"], runs) for _, r in rows.iterrows()]

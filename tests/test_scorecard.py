@@ -128,9 +128,9 @@ def _folding_tables() -> dict[str, pd.DataFrame]:
     """Every kind of fold, at the size of the real chapters: chapter 03's identical pair at both lrs, chapter
     07's base point under its two names, chapter 08's claim with three per-seed bootstraps."""
     ch03 = []
-    for st, values in ((OWN, [-0.42, -0.41, -0.43]), (SHARED, [0.10, 0.12, 0.13])):
-        ch03 += [("same model: DR's local accuracy on unobserved classes below CE's", "paper", st, values),
-                 ("same model: DR loses more unobserved-class accuracy than CE (local − global)", "paper", st, values)]
+    for st, values, src in ((OWN, [-0.42, -0.41, -0.43], "paper"), (SHARED, [0.10, 0.12, 0.13], "course test")):
+        ch03 += [("same model: DR's local accuracy on unobserved classes below CE's", src, st, values),
+                 ("same model: DR loses more unobserved-class accuracy than CE (local − global)", src, st, values)]
     base = [-0.01, 0.0, -0.004]
     ch07 = [("FedDr+ beats fedavg at participation 0.1", "paper", CH07, base),
             ("FedDr+ beats fedavg at 3 local epochs", "paper", CH07, [-0.01, -0.012, -0.014]),
@@ -180,13 +180,13 @@ def test_source_is_the_paper_only_where_the_paper_states_the_claim(tmp_path):
     tables = {
         "03_dr_forgets_unseen": _table("03_dr_forgets_unseen", [
             ("same model: DR aligns unobserved classes less than CE", "paper", OWN, [-0.4, -0.38, -0.37]),
-            ("same model: DR aligns unobserved classes less than CE", "paper", SHARED, [0.04, 0.05, 0.03])]),
+            ("same model: DR aligns unobserved classes less than CE", "course test", SHARED, [0.04, 0.05, 0.03])]),
         "04_feature_distillation": _table("04_feature_distillation", [
             ("FedDr+'s global model more accurate (final round), vs DR", "paper", st04, [0.0, 0.01, -0.02]),
-            ("FedDr+'s global model more accurate (final round), vs control", "paper", st04, [0.0, 0.01, -0.02])]),
+            ("FedDr+'s global model more accurate (final round), vs control", "course test", st04, [0.0, 0.01, -0.02])]),
         "07_sensitivity": _table("07_sensitivity", [
-            ("feddr+: participation 0.2 beats 0.05", "paper", CH07, [0.05, 0.07, 0.08]),
-            ("fedavg: participation 0.2 beats 0.05", "paper", CH07, [0.1, 0.11, 0.12]),
+            ("feddr+: participation 0.2 beats 0.05", "course test", CH07, [0.05, 0.07, 0.08]),
+            ("fedavg: participation 0.2 beats 0.05", "course test", CH07, [0.1, 0.11, 0.12]),
             ("FedDr+ beats fedavg at participation 0.2", "paper", CH07, [-0.03, -0.04, -0.04]),
             ("feddr+: 10 local epochs beat 1", "paper", CH07, [0.0, 0.1, 0.12])]),
         "08_personalization": _table("08_personalization", [
@@ -206,6 +206,24 @@ def test_source_is_the_paper_only_where_the_paper_states_the_claim(tmp_path):
     assert paper[9].startswith("+24.42 pp (75.42 vs 51.00; MobileNet, CIFAR-100 s=20, `apptab:pfl_acc`)")
     assert paper[10].startswith("+28.92 pp (74.75 vs 45.83") and "per-client mean" in paper[10]  # the α entries are
     assert "Of the 11, 7 test the paper's claims" in sc.markdown(rows)
+
+
+def test_a_source_label_that_disagrees_with_the_reasons_is_one_line(tmp_path):
+    """A chapter's "course test" row needs its reason in OWN_TESTS, and a row OWN_TESTS names may not be
+    labelled "paper": either slip stops the page with one line naming the row, so the chapters' claims tables
+    and the page never disagree on whose claim a row is."""
+    st04 = "cifar10 s=5, 120 rounds, E=1, own lrs"
+    as_paper = {"04_feature_distillation": _table("04_feature_distillation", [
+        ("FedDr+'s global model more accurate (final round), vs control", "paper", st04, [0.0, 0.01, -0.02])])}
+    with pytest.raises(SystemExit, match="labelled 'paper', but it is the course's own test"):
+        sc.scorecard(as_paper, scale=sc.paper_scale_rows(tmp_path))
+    no_reason = {"04_feature_distillation": _table("04_feature_distillation", [
+        ("FedDr+'s global model more accurate (final round), vs DR", "course test", st04, [0.0, 0.01, -0.02])])}
+    with pytest.raises(SystemExit, match="is a course test with no reason in OWN_TESTS"):
+        sc.scorecard(no_reason, scale=sc.paper_scale_rows(tmp_path))
+    hypothesis = {"04_feature_distillation": _table("04_feature_distillation", [
+        ("FedDr+'s global model more accurate (final round), vs control", "chapter hypothesis", st04, [0.0, 0.01, -0.02])])}
+    assert sc.scorecard(hypothesis, scale=sc.paper_scale_rows(tmp_path)).empty  # hypotheses stay in the chapters
 
 
 def test_detectable_effect_is_the_interval_half_width(tmp_path):

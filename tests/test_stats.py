@@ -205,15 +205,17 @@ def test_claims_table_formats_rows():
         Claim("FedDr+ beats DR", "paper", "shard s=2", d, margin=0.005, seeds="0,1,2", scale=100, unit=" pp", fmt=".1f"),
         Claim("DR beats FedDr+", "chapter hypothesis", "shard s=2", -d, margin=0.005),
         Claim("same model", "chapter hypothesis", "shard s=2", d, testable=False),
+        Claim("FedDr+ beats the control", "course test", "shard s=2", d),
     ]
     table = stats.claims_table(rows)
     assert list(table.columns) == ["claim", "source", "setting", "seeds", "value ± interval", "margin", "verdict"]
-    assert list(table["verdict"]) == [HELD, NOT_HELD, UNTESTABLE]
+    assert list(table["verdict"]) == [HELD, NOT_HELD, UNTESTABLE, HELD]
+    assert list(table["source"]) == ["paper", "chapter hypothesis", "chapter hypothesis", "course test"]
     assert table.loc[0, "value ± interval"].startswith("+4.7 ± ")
     assert table.loc[0, "value ± interval"].endswith(" pp")
     assert table.loc[0, "margin"] == "> +0.5 pp"
     assert table.loc[1, "seeds"] == "n=3"
-    with pytest.raises(FeddrKitError, match="source"):
+    with pytest.raises(FeddrKitError, match="'paper', 'course test', 'chapter hypothesis', got 'blog'"):
         Claim("x", "blog", "s", d)
 
 
