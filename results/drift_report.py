@@ -308,6 +308,9 @@ def budget_text(table: pd.DataFrame, grid_left: dict[tuple[str, int, str], int] 
         return text + "Not every cell's pace is measured, so the runs left are not projected."
     text += (f"The runs left need at least {need.sum():.1f} more at the idle pace (evaluations, and grid points "
              f"the lr rule may still add, not counted), against {PROBE.BUDGET_MACHINE_HOURS - spent:.1f} left. ")
+    if need.sum() == 0 and len(complete_cells(table)) == len(PROBE.CELLS):
+        return text + (f"Every cell has its verdict seeds in, so no cell was cut: the probe took {spent:.1f} of its "
+                       f"{PROBE.BUDGET_MACHINE_HOURS:g} machine-hours.")
     if spent + need.sum() > PROBE.BUDGET_MACHINE_HOURS:
         text += (f"**That is more than the budget holds:** by the amendment the last cell in the order, "
                  f"({cell_label(*PROBE.CELLS[-1])}), is cut whole if the budget runs out.")
@@ -376,6 +379,19 @@ def reading(claims_: list[fk.stats.Claim]) -> str:
     return " ".join(text)
 
 
+def progress_text(table: pd.DataFrame, done: int, planned: int) -> str:
+    """The report's first paragraph: how many of the ``planned`` runs are ``done``, and what that means for
+    reading the tables, or, once every cell has its verdict seeds in, that the probe ran to its end."""
+    seeds = f"(grids on seed 0, verdicts on seeds {', '.join(map(str, PROBE.EVAL_SEEDS))})"
+    if done == planned and len(complete_cells(table)) == len(PROBE.CELLS):
+        return (f"**All {planned} runs finished** {seeds}: every cell has its verdict seeds in, none was cut, and "
+                "every pre-registered comparison below is read.")
+    return (f"**Progress: {done} of {planned} runs finished** {seeds}. Until every run has finished, the tables "
+            "below hold what has; a comparison with fewer than two seeds on a side is untestable. The cells run one "
+            "at a time, in the amended order (cheapest first); a cell's comparisons are read when its verdict seeds "
+            "are all in.")
+
+
 def markdown(table: pd.DataFrame) -> str:
     """The whole of ``docs/drift.md``."""
     items, undecided = PROBE.plan()
@@ -393,10 +409,7 @@ def markdown(table: pd.DataFrame) -> str:
         f"{PROBE.BASE['rounds']} rounds, evaluated every {PROBE.BASE['eval_every']}; "
         "late accuracy is the mean of the last three evaluations.",
         "",
-        f"**Progress: {done} of {planned} runs finished** (grids on seed 0, verdicts on seeds "
-        f"{', '.join(map(str, PROBE.EVAL_SEEDS))}). Until every run has finished, the tables below hold what has; "
-        "a comparison with fewer than two seeds on a side is untestable. The cells run one at a time, in the "
-        "amended order (cheapest first); a cell's comparisons are read when its verdict seeds are all in.",
+        progress_text(table, done, planned),
         "",
         md(cell_progress(table)),
         "",

@@ -141,6 +141,23 @@ def test_budget_needs_are_runs_left_times_rounds_times_each_methods_idle_pace(re
     assert report.spent_hours(before.head(1)) == 0.0
 
 
+def test_once_every_cell_is_in_the_report_says_so_and_that_none_was_cut(report, monkeypatch):
+    """With every cell's verdict seeds in, the budget's account and the first paragraph say the probe ran to its
+    end, no cell cut, with the machine-hours it took; one run short, they say how far it is instead."""
+    full = made_up_table(report, {}).assign(sec_per_round=1800.0 * report.PROBE.PROCESSES / report.PROBE.BASE["rounds"])
+    monkeypatch.setattr(report, "idle_pace", lambda: {(m, e, meth): 20.0 for m, e in report.PROBE.CELLS
+                                                     for meth in report.PROBE.METHODS})
+    nothing_left = {(m, e, meth): 0 for m, e in report.PROBE.CELLS for meth in report.PROBE.TUNED}
+    runs = len(full)  # half an hour of the machine each
+    assert report.budget_text(full, nothing_left).endswith(
+        f"Every cell has its verdict seeds in, so no cell was cut: the probe took {runs / 2:.1f} of its "
+        f"{report.PROBE.BUDGET_MACHINE_HOURS:g} machine-hours.")
+    assert report.progress_text(full, runs, runs).startswith(f"**All {runs} runs finished**")
+    short = full.iloc[:-1]
+    assert "no cell was cut" not in report.budget_text(short, nothing_left)
+    assert report.progress_text(short, runs - 1, runs).startswith(f"**Progress: {runs - 1} of {runs} runs finished**")
+
+
 def test_a_method_without_a_working_lr_has_no_verdict_runs_and_its_comparisons_say_why(report, monkeypatch):
     no_fd = lambda method, model, epochs: not (method in ("feddr+", "control") and (model, epochs) == ("cnn_bn", 5))
     monkeypatch.setattr(report.PROBE, "trains", no_fd)
