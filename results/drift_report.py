@@ -306,11 +306,11 @@ def budget_text(table: pd.DataFrame, grid_left: dict[tuple[str, int, str], int] 
             "finishes. ")
     if need.isna().any():
         return text + "Not every cell's pace is measured, so the runs left are not projected."
-    text += (f"The runs left need at least {need.sum():.1f} more at the idle pace (evaluations, and grid points "
-             f"the lr rule may still add, not counted), against {PROBE.BUDGET_MACHINE_HOURS - spent:.1f} left. ")
     if need.sum() == 0 and len(complete_cells(table)) == len(PROBE.CELLS):
         return text + (f"Every cell has its verdict seeds in, so no cell was cut: the probe took {spent:.1f} of its "
                        f"{PROBE.BUDGET_MACHINE_HOURS:g} machine-hours.")
+    text += (f"The runs left need at least {need.sum():.1f} more at the idle pace (evaluations, and grid points "
+             f"the lr rule may still add, not counted), against {PROBE.BUDGET_MACHINE_HOURS - spent:.1f} left. ")
     if spent + need.sum() > PROBE.BUDGET_MACHINE_HOURS:
         text += (f"**That is more than the budget holds:** by the amendment the last cell in the order, "
                  f"({cell_label(*PROBE.CELLS[-1])}), is cut whole if the budget runs out.")

@@ -154,6 +154,7 @@ def test_once_every_cell_is_in_the_report_says_so_and_that_none_was_cut(report, 
         f"{report.PROBE.BUDGET_MACHINE_HOURS:g} machine-hours.")
     assert report.progress_text(full, runs, runs).startswith(f"**All {runs} runs finished**")
     short = full.iloc[:-1]
+    assert "runs left need" not in report.budget_text(full, nothing_left)
     assert "no cell was cut" not in report.budget_text(short, nothing_left)
     assert report.progress_text(short, runs - 1, runs).startswith(f"**Progress: {runs - 1} of {runs} runs finished**")
 
