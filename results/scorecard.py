@@ -163,6 +163,8 @@ def probe_status(done: list[str]) -> str:
     if not done:
         return (f"None of the probe's {len(cells)} cells has all its verdict seeds in yet, so it has no row here; "
                 "`docs/drift.md` shows how far each has come.")
+    if len(done) == len(cells):
+        return f"All {len(cells)} of the probe's cells have their verdict seeds in, and each has its rows."
     verb = "has all its" if len(done) == 1 else "have all their"
     return (f"{len(done)} of the probe's {len(cells)} cells {verb} verdict seeds in ({'; '.join(done)}); "
             "the others have no row.")

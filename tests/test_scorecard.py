@@ -417,3 +417,12 @@ def test_the_page_shows_the_probe_only_for_cells_in():
     assert cells.isin(done).all(), (list(cells), done)
     assert (probe["chapter"] == probe["claim"].str[:2].map({"C1": "05", "C2": "04", "C3": "04"})).all()
     assert ((probe["source"] == "paper") == probe["claim"].str.startswith("C1")).all()
+
+
+def test_the_probe_sentence_names_the_cells_in_and_says_when_all_are():
+    """None in: no row yet; some in: which, and that the others have no row; all in: that each has its rows."""
+    labels = [sc.drift_report().cell_label(*cell) for cell in sc.drift_report().PROBE.CELLS]
+    assert sc.probe_status([]).startswith(f"None of the probe's {len(labels)} cells")
+    some = sc.probe_status(labels[:2])
+    assert some.startswith(f"2 of the probe's {len(labels)} cells have all their") and some.endswith("the others have no row.")
+    assert sc.probe_status(labels) == f"All {len(labels)} of the probe's cells have their verdict seeds in, and each has its rows."
