@@ -33,6 +33,7 @@ import torch
 
 from . import progress
 from .errors import FeddrKitError
+from .rundir import torch_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("cifar10", "cifar100", "imagefolder", "synthetic")
@@ -403,7 +404,7 @@ def _write_cache(cache_file: Path, obj: dict) -> bool:
     try:
         fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=cache_file.name, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            f.write(torch_bytes(obj))  # plain I/O: a full disk is an OSError, never torch's writer failing
         os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; the cache is not secret
         os.replace(tmp, cache_file)  # atomic: readers see the old file or the whole new one
         return True

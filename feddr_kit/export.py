@@ -25,8 +25,8 @@ from .clients import load_data
 from .config import Config
 from .errors import FeddrKitError, StorageError, report
 from .models import Net
-from .rundir import (CHECKPOINT, atomic_write, load_checkpoint, read_checked, read_json, read_weights, writable_folder,
-                     write_json)
+from .rundir import (CHECKPOINT, load_checkpoint, read_checked, read_json, read_weights, torch_bytes, writable_folder,
+                     write_bytes, write_json)
 
 FORMAT = 1  # the layout of the JSON this code writes and reads
 SUFFIXES = (".pt", ".safetensors")
@@ -90,10 +90,9 @@ def export_model(run_dir: str | Path, to: str | Path) -> Path:
                                   "formula": "(x / 255 - mean) / std per channel, x uint8 [B, 3, H, W]"},
                 # the run's folder on the exporting machine means nothing where the file is read
                 "round": int(ckpt["next_round"]), "config": cfg.replace(out_dir=None).to_dict()}
-        if to.suffix == ".safetensors":
-            atomic_write(to, lambda tmp: _safetensors().save_file(state, tmp))
-        else:
-            atomic_write(to, lambda tmp: torch.save(state, tmp))
+        # serialised in memory, then written with plain file I/O: a full disk is one OSError, whatever the format
+        payload = _safetensors().save(state) if to.suffix == ".safetensors" else torch_bytes(state)
+        write_bytes(to, payload)
         try:
             write_json(sidecar(to), info)
         except StorageError:  # weights without their description cannot be loaded: take them back

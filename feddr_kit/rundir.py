@@ -22,6 +22,7 @@ that a config may continue one, and :func:`restore` puts it back, so a resumed r
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -274,7 +275,7 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
         os.chmod(tmp, FILE_MODE)  # the mode a plain open() gives, not mkstemp's 0600
         write(tmp)
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as err:  # torch.save reports a short write as a RuntimeError
+    except (OSError, RuntimeError) as err:  # a writer that is not plain file I/O may report a short write as a RuntimeError
         raise StorageError(f"cannot write {path} ({_reason(err, path.parent)}); the files written before are "
                            "intact: free space (or pass another out_dir) and resume") from None
     finally:
@@ -288,6 +289,21 @@ def _reason(err: BaseException, folder: Path) -> str:
     with contextlib.suppress(OSError):
         text += f"; {shutil.disk_usage(folder).free / 2**20:.1f} MiB free there"
     return text
+
+
+def torch_bytes(obj: Any) -> bytes:
+    """``obj`` (tensors, dicts, lists of them) serialised by ``torch.save``, in memory. Writing these bytes with
+    plain file I/O makes a failed write (a full disk, a file-size limit) the OS's ``OSError``, named like any
+    other file's: torch's own file writer reports one in its archive's words and, failing again as it closes
+    the half-written archive, can abort the whole process."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def write_bytes(path: Path, payload: bytes) -> None:
+    """Atomically write ``payload`` to ``path`` (e.g. :func:`torch_bytes`'s)."""
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(payload))
 
 
 def write_text(path: Path, text: str) -> None:
@@ -335,7 +351,7 @@ def save_checkpoint(out_dir: Path, next_round: int, global_state: dict[str, torc
     }
     if data_fingerprint is not None:
         ckpt[DATA_KEY] = data_fingerprint
-    atomic_write(out_dir / CHECKPOINT, lambda tmp: torch.save(ckpt, tmp))
+    write_bytes(out_dir / CHECKPOINT, torch_bytes(ckpt))
     write_text(out_dir / "history.csv", pd.DataFrame(rows).to_csv(index=False))
 
 

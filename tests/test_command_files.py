@@ -12,7 +12,6 @@ from pathlib import Path
 
 import matplotlib.figure
 import pytest
-import torch
 
 import feddr_kit as fk
 from feddr_kit import local
@@ -81,16 +80,18 @@ def test_export_into_a_folder_that_cannot_be_written_is_one_line_before_the_work
 
 
 def test_export_onto_a_full_disk_is_exit_3_and_leaves_no_torn_file(work, capsys, monkeypatch):
-    real_save = torch.save
+    real_write = Path.write_bytes
 
-    def fill_the_disk(obj, f, *args, **kw):
-        Path(f).write_bytes(b"\0" * 100)  # the part written before the disk filled up
-        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 63616 vs 63504")
+    def fill_the_disk(path, data):
+        if path.name.startswith(".model.pt"):
+            real_write(path, data[:100])  # the part written before the disk filled up
+            raise OSError(28, "No space left on device")
+        return real_write(path, data)
 
-    monkeypatch.setattr(torch, "save", fill_the_disk)
+    monkeypatch.setattr(Path, "write_bytes", fill_the_disk)
     code, line = command(capsys, "export", str(work / "run"), "--to", str(work / "out" / "model.pt"))
-    monkeypatch.setattr(torch, "save", real_save)
-    assert code == 3 and f"cannot write {work / 'out' / 'model.pt'}" in line, line
+    monkeypatch.setattr(Path, "write_bytes", real_write)
+    assert code == 3 and f"cannot write {work / 'out' / 'model.pt'} (No space left on device" in line, line
     assert files(work / "out") == []  # no model.pt, no model.json, no temporary file
 
 
