@@ -193,6 +193,11 @@ def complete_cells(table: pd.DataFrame) -> list[str]:
     return progress.loc[progress["stage"] == "seeds in", "cell"].tolist()
 
 
+def all_cells_in(table: pd.DataFrame) -> bool:
+    """True once every cell has its verdict seeds in: the probe has run to its end."""
+    return len(complete_cells(table)) == len(PROBE.CELLS)
+
+
 def grid_table(table: pd.DataFrame) -> pd.DataFrame:
     """The lr grids on seed 0: one row per cell and tuned method, the late accuracy at each lr run."""
     grid = table[table["role"] == "grid"]
@@ -306,7 +311,7 @@ def budget_text(table: pd.DataFrame, grid_left: dict[tuple[str, int, str], int] 
             "finishes. ")
     if need.isna().any():
         return text + "Not every cell's pace is measured, so the runs left are not projected."
-    if need.sum() == 0 and len(complete_cells(table)) == len(PROBE.CELLS):
+    if need.sum() == 0 and all_cells_in(table):
         return text + (f"Every cell has its verdict seeds in, so no cell was cut: the probe took {spent:.1f} of its "
                        f"{PROBE.BUDGET_MACHINE_HOURS:g} machine-hours.")
     text += (f"The runs left need at least {need.sum():.1f} more at the idle pace (evaluations, and grid points "
@@ -383,7 +388,7 @@ def progress_text(table: pd.DataFrame, done: int, planned: int) -> str:
     """The report's first paragraph: how many of the ``planned`` runs are ``done``, and what that means for
     reading the tables, or, once every cell has its verdict seeds in, that the probe ran to its end."""
     seeds = f"(grids on seed 0, verdicts on seeds {', '.join(map(str, PROBE.EVAL_SEEDS))})"
-    if done == planned and len(complete_cells(table)) == len(PROBE.CELLS):
+    if done == planned and all_cells_in(table):
         return (f"**All {planned} runs finished** {seeds}: every cell has its verdict seeds in, none was cut, and "
                 "every pre-registered comparison below is read.")
     return (f"**Progress: {done} of {planned} runs finished** {seeds}. Until every run has finished, the tables "

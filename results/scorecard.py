@@ -198,7 +198,7 @@ def own_test(chapter: str, claim: str, setting: str) -> tuple[str, str] | None:
     return next(((src, number) for ch, pattern, src, number in OWN_TESTS if ch == chapter and re.search(pattern, text)), None)
 
 
-def source(chapter: str, claim: str, setting: str, label: str = "paper") -> str:
+def source(chapter: str, claim: str, setting: str, label: str) -> str:
     """The page's source for a row the chapter labels ``label``: "paper", or for a "course test" the
     "course: <why>" of ``OWN_TESTS``. The chapter's label and ``OWN_TESTS`` must agree, so a row is never shown
     as the paper's when the paper does not state it, nor as the course's without its reason: else one line
